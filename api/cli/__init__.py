@@ -1,0 +1,21 @@
+"""The `hetplan` command line: one typer app; each command family registers itself."""
+
+from __future__ import annotations
+
+import typer
+
+from api.cli import launch_commands, plan_commands, profile_commands, service_commands
+
+app = typer.Typer(
+    name="hetplan",
+    help="Plan training of large models on heterogeneous GPU clusters.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+for family in (plan_commands, service_commands, profile_commands, launch_commands):
+    family.register(app)
+
+
+def main() -> None:
+    app()

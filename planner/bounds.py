@@ -1,0 +1,39 @@
+"""The compute bound of COST_MODEL.md section 5: no plan can beat it."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from planner.costs import ProfileIndex
+from planner.documents import Scenario
+
+__all__ = ["seconds_per_sample_per_gpu", "compute_bound_s"]
+
+
+def seconds_per_sample_per_gpu(scenario: Scenario, gpu_type: str) -> float | None:
+    """`c_g`: the least GPU-seconds one sample costs on `gpu_type` over complete (b, tp) points."""
+    profiles = ProfileIndex(scenario.profiles)
+    layers = scenario.model.layers
+    best = None
+    for b, tp in profiles.complete_points(gpu_type, set(layers)):
+        ms = 0.0
+        for kind in layers:
+            row = profiles.get(gpu_type, kind, b, tp)
+            assert row is not None
+            ms += row.forward_ms + row.backward_ms
+        cost = tp * ms * 1e-3 / b
+        best = cost if best is None else min(best, cost)
+    return best
+
+
+def compute_bound_s(scenario: Scenario) -> float | None:
+    """global_batch / sum_g(N_g / c_g), or None when no GPU type can run the model at all."""
+    gpus = Counter[str]()
+    for node in scenario.cluster.nodes:
+        gpus[node.gpu_type] += node.gpus
+    rate = 0.0
+    for gpu_type, count in gpus.items():
+        cost = seconds_per_sample_per_gpu(scenario, gpu_type)
+        if cost is not None and cost > 0:
+            rate += count / cost
+    return scenario.job.global_batch_size / rate if rate > 0 else None

@@ -1,0 +1,131 @@
+"""Cost terms of COST_MODEL.md: links, transfers, stage compute, memory, sync.
+
+Pure functions over a `Scenario`; times in seconds, sizes in bytes unless a
+name says otherwise. `ProfileIndex` answers profile lookups in O(1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from planner.documents import Link, Node, ProfileRow, Scenario, Schedule
+
+__all__ = [
+    "GIB",
+    "ProfilePoint",
+    "ProfileIndex",
+    "NodeIndex",
+    "link_between",
+    "transfer_s",
+    "in_flight",
+    "StateBytes",
+    "state_bytes_per_param",
+    "ring_hop",
+]
+
+GIB = float(2**30)
+
+ProfilePoint = tuple[str, str, int, int]
+"""(gpu_type, kind, micro_batch, tp)"""
+
+
+class ProfileIndex:
+    """Profile rows keyed by their point."""
+
+    def __init__(self, rows: Iterable[ProfileRow]) -> None:
+        self._rows: dict[ProfilePoint, ProfileRow] = {
+            (r.gpu_type, r.kind, r.micro_batch, r.tp): r for r in rows
+        }
+
+    def get(self, gpu_type: str, kind: str, micro_batch: int, tp: int) -> ProfileRow | None:
+        return self._rows.get((gpu_type, kind, micro_batch, tp))
+
+    def points(self) -> Iterable[ProfilePoint]:
+        return self._rows.keys()
+
+    def complete_points(self, gpu_type: str, kinds: set[str]) -> list[tuple[int, int]]:
+        """(micro_batch, tp) pairs of `gpu_type` that have a row for every one of `kinds`."""
+        seen: dict[tuple[int, int], set[str]] = {}
+        for t, kind, b, tp in self._rows:
+            if t == gpu_type:
+                seen.setdefault((b, tp), set()).add(kind)
+        return sorted(point for point, have in seen.items() if kinds <= have)
+
+
+class NodeIndex:
+    """Nodes by name, and the parsing of `node:index` GPU names."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        self.by_name: dict[str, Node] = {n.name: n for n in scenario.cluster.nodes}
+
+    def locate(self, gpu: str) -> tuple[Node, int] | None:
+        """The node and local index of a GPU name, or None if it names no GPU."""
+        name, sep, index = gpu.rpartition(":")
+        node = self.by_name.get(name)
+        if not sep or node is None or not index.isdigit() or int(index) >= node.gpus:
+            return None
+        return node, int(index)
+
+
+def link_between(scenario: Scenario, a: Node, b: Node) -> Link:
+    """The link that joins a GPU on node `a` to one on node `b` (section 1)."""
+    cluster = scenario.cluster
+    if a.name == b.name:
+        return cluster.intra_node[a.gpu_type]
+    if a.zone is None or b.zone is None or a.zone == b.zone:
+        return cluster.inter_node
+    for link in cluster.inter_zone:
+        if set(link.zones) == {a.zone, b.zone}:
+            return link
+    return cluster.inter_node
+
+
+def transfer_s(link: Link, num_bytes: float, bandwidth_scale: float = 1.0) -> float:
+    """latency + bytes / bandwidth, in seconds."""
+    return link.latency_us * 1e-6 + num_bytes / (link.bandwidth_gb_per_s * 1e9 * bandwidth_scale)
+
+
+def in_flight(stage: int, num_stages: int, num_micro_batches: int, schedule: Schedule) -> int:
+    """Micro-batches whose activations a stage keeps at once (section 4)."""
+    if schedule is Schedule.GPIPE:
+        return num_micro_batches
+    return min(num_stages - stage, num_micro_batches)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StateBytes:
+    """Bytes per parameter held for weights, gradients and optimizer state."""
+
+    param: float
+    grad: float
+    optimizer: float
+
+    @property
+    def total(self) -> float:
+        return self.param + self.grad + self.optimizer
+
+
+def state_bytes_per_param(scenario: Scenario, num_pipelines: int) -> StateBytes:
+    """Section 4's per-parameter state with ZeRO sharding over `num_pipelines`."""
+    job = scenario.job
+    optimizer = job.optimizer_bytes / num_pipelines if job.zero_stage >= 1 else job.optimizer_bytes
+    grad = job.grad_bytes / num_pipelines if job.zero_stage == 2 else job.grad_bytes
+    return StateBytes(param=job.param_bytes, grad=grad, optimizer=optimizer)
+
+
+def ring_hop(
+    scenario: Scenario, a: Node, b: Node, nic_share: dict[str, float]
+) -> tuple[float, float]:
+    """(bandwidth in bytes/s, latency in s) of one sync-ring hop between two holders.
+
+    Hops between nodes share the nodes' interfaces: all GPUs sync at once.
+    """
+    link = link_between(scenario, a, b)
+    scale = 1.0 if a.name == b.name else min(nic_share[a.name], nic_share[b.name])
+    return link.bandwidth_gb_per_s * 1e9 * scale, link.latency_us * 1e-6
+
+
+def ring_cost(hops: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """Smallest bandwidth and largest latency of a ring's hops."""
+    return min(h[0] for h in hops), max(h[1] for h in hops)
