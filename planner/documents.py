@@ -39,8 +39,8 @@ __all__ = [
     "dump_document",
 ]
 
-SCENARIO_FORMAT = "hetplan-scenario/1"
-PLAN_FORMAT = "hetplan-plan/1"
+SCENARIO_FORMAT: Literal["hetplan-scenario/1"] = "hetplan-scenario/1"
+PLAN_FORMAT: Literal["hetplan-plan/1"] = "hetplan-plan/1"
 
 # Bounds that no real measurement reaches: a value beyond them is a unit mistake.
 MAX_MS = 3.6e6  # one hour for one layer and one micro-batch

@@ -1,15 +1,33 @@
-"""Public entry point of the search (being filled in: see issue 2)."""
+"""Public entry point of the search: `plan(scenario, options)`.
+
+The search runs in four steps: compile cost tables; build pipeline templates
+with exact layer splits; choose how many pipelines of each template to run
+(CP-SAT, under caps on the number of pipelines and on sync time, since the
+sync ring grows with data parallelism); then split the batch, place stages on
+concrete GPUs and judge every finalist with the reference estimator. The
+three baselines are finalists too, so the result is never worse than them.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 from planner.documents import Plan, Scenario
-from planner.estimate import Evaluation
+from planner.errors import Infeasible
+from planner.estimate import Evaluation, evaluate
+from planner.search.allocate import allocate
+from planner.search.assemble import PlacementStyle, build_plan, place, split_batch
+from planner.search.quick import estimate_sync_s
+from planner.search.tables import ScenarioTables, compile_tables
+from planner.search.templates import PipelineTemplate, generate_templates
 
-__all__ = ["PlanStatus", "SearchOptions", "PlanResult", "plan"]
+__all__ = ["PlanStatus", "SearchOptions", "PlanResult", "plan", "Candidate", "assemble"]
+
+PLANNER_VERSION = "0.1.0"
 
 ProgressCallback = Callable[[float, str], None]
 """Called with (fraction done in [0, 1], what the search is doing)."""
@@ -25,10 +43,10 @@ class PlanStatus(StrEnum):
 class SearchOptions:
     time_limit_s: float = 10.0
     """Wall-clock budget of the whole search; the best plan found by then is returned."""
-    exact: bool = False
-    """Enumerate the whole space of small scenarios and prove the optimum."""
     num_workers: int = 1
     """CP-SAT search workers."""
+    finalists: int = 6
+    """Candidate plans judged by the full estimator (event simulation and sync rings)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,6 +58,41 @@ class PlanResult:
     wall_s: float
     unused_gpus: dict[str, str] = field(default_factory=dict)
     """GPU name -> why the plan leaves it idle."""
+    baselines: dict[str, float | None] = field(default_factory=dict)
+    """Baseline name -> samples/s (None where the baseline has no valid plan)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """A plan with the search's quick estimate of its iteration time."""
+
+    plan: Plan
+    quick_s: float
+    origin: str
+
+
+def assemble(
+    tables: ScenarioTables, pipelines: Sequence[PipelineTemplate], origin: str
+) -> list[Candidate]:
+    """Split the batch over these pipelines and place them both ways."""
+    scenario = tables.scenario
+    micro_batches = split_batch(pipelines, scenario.job.global_batch_size)
+    if micro_batches is None:
+        return []
+    used = [(t, m) for t, m in zip(pipelines, micro_batches, strict=True) if m > 0]
+    templates = [t for t, _ in used]
+    counts = [m for _, m in used]
+    pipeline_s = max(t.time_s(m) for t, m in used)
+    out = []
+    for style in (PlacementStyle(stage_major=False), PlacementStyle(stage_major=True)):
+        gpus = place(tables, templates, style)
+        if gpus is not None:
+            plan_doc = build_plan(templates, counts, gpus, scenario.job.schedule)
+            quick = pipeline_s + estimate_sync_s(tables, templates, gpus)
+            out.append(Candidate(plan=plan_doc, quick_s=quick,
+                                 origin=f"{origin}, {'stage' if style.stage_major else 'pipeline'}"
+                                        "-major placement"))
+    return out
 
 
 def plan(
@@ -47,4 +100,167 @@ def plan(
     options: SearchOptions | None = None,
     progress: ProgressCallback | None = None,
 ) -> PlanResult:
-    raise NotImplementedError("the search lands with issue 2")
+    """The best plan the search finds for `scenario` within the options' time limit."""
+    from planner.search.baselines import baseline_candidates
+
+    options = options or SearchOptions()
+    started = time.monotonic()
+    report = progress or (lambda fraction, message: None)
+    report(0.0, "compiling cost tables")
+    tables = compile_tables(scenario)
+    _check_feasible(tables)
+    report(0.05, "building pipeline templates")
+    templates = generate_templates(tables, scenario.job.schedule)
+    report(0.3, f"allocating GPUs over {len(templates)} pipeline templates")
+    candidates, proven = _allocation_candidates(tables, templates, options, started)
+    report(0.7, "building baselines")
+    baselines = baseline_candidates(tables, templates)
+    candidates.extend(c for cs in baselines.values() for c in cs)
+    # The allocation is proven only within its own model (templates, caps), never globally.
+    status = PlanStatus.FEASIBLE if proven else PlanStatus.HEURISTIC
+    report(0.8, f"judging {min(len(candidates), options.finalists)} finalists")
+    best, evaluation, baseline_rates = _judge(scenario, candidates, baselines, options)
+    if best is None or evaluation is None:
+        raise Infeasible("no candidate plan is valid: every arrangement the search tried breaks "
+                         "a memory or packing limit; add GPUs or memory, or profile more "
+                         "(micro_batch, tp) points")
+    wall_s = time.monotonic() - started
+    unused = _unused_gpus(tables, best.plan)
+    document = _annotate(best, evaluation, status, wall_s, unused, baseline_rates)
+    report(1.0, "done")
+    return PlanResult(plan=document, evaluation=evaluation, status=status, wall_s=wall_s,
+                      unused_gpus=unused, baselines=baseline_rates)
+
+
+def _check_feasible(tables: ScenarioTables) -> None:
+    from planner.search.diagnose import infeasibility_reason
+
+    reason = infeasibility_reason(tables)
+    if reason is not None:
+        raise Infeasible(reason)
+
+
+def _allocation_candidates(
+    tables: ScenarioTables,
+    templates: list[PipelineTemplate],
+    options: SearchOptions,
+    started: float,
+) -> tuple[list[Candidate], bool]:
+    candidates: list[Candidate] = []
+    if not templates:
+        return candidates, False
+    budget = max(options.time_limit_s * 0.5, 0.05)
+    free = allocate(tables, templates, max_pipelines=None, time_limit_s=budget / 4,
+                    num_workers=options.num_workers)
+    if free is None:
+        return candidates, False
+    proven = free.proven
+    num_free = sum(free.counts.values())
+    caps: list[int | None] = [None]
+    cap = 1
+    while cap < num_free:
+        caps.append(cap)
+        cap *= 2
+    for cap_value in caps:
+        if time.monotonic() - started > budget:
+            proven = False
+            break
+        allowed = _sync_filtered(templates, cap_value or num_free)
+        for subset in allowed:
+            found = allocate(tables, subset, max_pipelines=cap_value,
+                             time_limit_s=budget / (4 * len(caps)), num_workers=options.num_workers)
+            if found is None:
+                continue
+            proven = proven and found.proven
+            pipelines = [subset[k] for k, n in sorted(found.counts.items()) for _ in range(n)]
+            candidates.extend(assemble(tables, pipelines, f"CP-SAT allocation, cap {cap_value}"))
+    return candidates, proven
+
+
+def _sync_filtered(
+    templates: list[PipelineTemplate], num_pipelines: int
+) -> list[list[PipelineTemplate]]:
+    """Template subsets whose sync time stays under a few thresholds."""
+    syncs = sorted({round(t.sync_s(num_pipelines), 6) for t in templates})
+    if len(syncs) <= 1:
+        return [templates]
+    picks = sorted({syncs[int(q * (len(syncs) - 1))] for q in (0.1, 0.3, 0.6, 1.0)})
+    subsets = []
+    for threshold in picks:
+        subset = [t for t in templates if t.sync_s(num_pipelines) <= threshold + 1e-9]
+        if subset:
+            subsets.append(subset)
+    return subsets
+
+
+def _judge(
+    scenario: Scenario,
+    candidates: list[Candidate],
+    baselines: dict[str, list[Candidate]],
+    options: SearchOptions,
+) -> tuple[Candidate | None, Evaluation | None, dict[str, float | None]]:
+    ranked = sorted(candidates, key=lambda c: c.quick_s)
+    finalists = ranked[: options.finalists]
+    for group in baselines.values():
+        finalists.extend(sorted(group, key=lambda c: c.quick_s)[:2])
+    best: Candidate | None = None
+    best_eval: Evaluation | None = None
+    judged: dict[int, Evaluation] = {}
+    for candidate in finalists:
+        if id(candidate) in judged:
+            continue
+        evaluation = evaluate(scenario, candidate.plan)
+        judged[id(candidate)] = evaluation
+        if evaluation.valid and evaluation.iteration_s is not None and (
+                best_eval is None or best_eval.iteration_s is None
+                or evaluation.iteration_s < best_eval.iteration_s):
+            best, best_eval = candidate, evaluation
+    rates: dict[str, float | None] = {}
+    for name, group in baselines.items():
+        values = [judged[id(c)].samples_per_s for c in group
+                  if id(c) in judged and judged[id(c)].valid]
+        rates[name] = max((v for v in values if v is not None), default=None)
+    return best, best_eval, rates
+
+
+def _unused_gpus(tables: ScenarioTables, plan_doc: Plan) -> dict[str, str]:
+    used = {g for p in plan_doc.pipelines for s in p.stages for g in s.gpus}
+    unused = {}
+    for cls in tables.classes:
+        for node in cls.nodes:
+            for i in range(node.gpus):
+                name = f"{node.name}:{i}"
+                if name not in used:
+                    unused[name] = ("left idle: no pipeline using it finished its share of the "
+                                    "batch sooner than the plan's slowest pipeline")
+    return unused
+
+
+def _annotate(
+    best: Candidate,
+    evaluation: Evaluation,
+    status: PlanStatus,
+    wall_s: float,
+    unused: dict[str, str],
+    baselines: dict[str, float | None],
+) -> Plan:
+    estimate: dict[str, Any] = {
+        "iteration_s": evaluation.iteration_s,
+        "samples_per_s": evaluation.samples_per_s,
+        "tokens_per_s": evaluation.tokens_per_s,
+    }
+    bound = evaluation.compute_bound_iteration_s
+    search = {
+        "solver": "cp-sat allocation over DP-split pipeline templates",
+        "origin": best.origin,
+        "status": status.value,
+        "compute_bound_iteration_s": bound,
+        "gap_to_compute_bound": None if bound is None or evaluation.iteration_s is None
+        else 1.0 - bound / evaluation.iteration_s,
+        "wall_s": wall_s,
+        "planner_version": PLANNER_VERSION,
+        "baselines_samples_per_s": baselines,
+        "num_unused_gpus": len(unused),
+    }
+    document = best.plan.model_dump(mode="json", exclude_none=True)
+    return Plan.model_validate({**document, "estimate": estimate, "search": search})

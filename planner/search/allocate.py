@@ -1,0 +1,179 @@
+"""How many pipelines of each template to run: a CP-SAT model over GPU counts.
+
+With `x_k` pipelines of template k, a pipeline finishing by time T processes
+about `b_k * (1 + (T - fill_k) / bottleneck_k)` samples: linear in T. The
+least T at which the chosen pipelines cover the global batch is a ratio of two
+linear forms of x, minimised by Dinkelbach's iteration: each step maximises
+the samples covered at the current T, a multi-dimensional knapsack over GPU
+classes that CP-SAT solves under a time limit, seeded with a greedy solution.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ortools.sat.python import cp_model
+
+from planner.search.tables import ScenarioTables
+from planner.search.templates import PipelineTemplate
+
+__all__ = ["Allocation", "allocate"]
+
+SCALE = 1000.0  # CP-SAT works in integers: samples are scaled to thousandths
+
+
+@dataclass(frozen=True, kw_only=True)
+class Allocation:
+    counts: dict[int, int]
+    """Template index -> number of pipelines."""
+    pipeline_s: float
+    """Estimated time of the slowest pipeline."""
+    proven: bool
+    """Every knapsack step was solved to optimality."""
+
+
+def _capacity(t: PipelineTemplate, target_s: float) -> tuple[float, float]:
+    """(slope, intercept) of samples covered by one pipeline at time T."""
+    slope = t.micro_batch / t.bottleneck_s
+    return slope, t.micro_batch * (1.0 - t.fill_s / t.bottleneck_s)
+
+
+def allocate(
+    tables: ScenarioTables,
+    templates: Sequence[PipelineTemplate],
+    *,
+    max_pipelines: int | None,
+    time_limit_s: float,
+    num_workers: int = 1,
+) -> Allocation | None:
+    """Pipelines per template that cover the global batch soonest, within GPU limits."""
+    batch = tables.scenario.job.global_batch_size
+    deadline = time.monotonic() + time_limit_s
+    counts = _greedy(tables, templates, max_pipelines)
+    if not counts:
+        return None
+    target = _finish_time(templates, counts, batch)
+    proven = True
+    for _ in range(8):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0.01:
+            proven = False
+            break
+        solved, optimal = _knapsack(tables, templates, target, counts, max_pipelines,
+                                    remaining, num_workers)
+        proven = proven and optimal
+        if not solved:
+            break
+        new_target = _finish_time(templates, solved, batch)
+        if new_target >= target * (1 - 1e-6):
+            break
+        counts, target = solved, new_target
+    return Allocation(counts=counts, pipeline_s=target, proven=proven)
+
+
+def _finish_time(templates: Sequence[PipelineTemplate], counts: dict[int, int], batch: int) -> float:
+    """T with sum_k x_k * (slope_k * T + intercept_k) = batch, at least every fill time."""
+    slope = sum(n * _capacity(templates[k], 0.0)[0] for k, n in counts.items())
+    intercept = sum(n * _capacity(templates[k], 0.0)[1] for k, n in counts.items())
+    if slope <= 0:
+        return math.inf
+    longest_fill = max(templates[k].fill_s for k in counts)
+    return max((batch - intercept) / slope, longest_fill)
+
+
+def _resource_rows(tables: ScenarioTables) -> dict[tuple[tuple[str, str | None], int], int]:
+    """Capacity of each (class, tp level): GPUs that stages of at least that tp can use."""
+    rows = {}
+    for cls in tables.classes:
+        for level in sorted({1, 2, 4, 8, 16, 32, 64, cls.largest_node}):
+            if level <= cls.largest_node:
+                rows[(cls.key, level)] = cls.slots(level) * level
+    return rows
+
+
+def _usage(t: PipelineTemplate, key: tuple[str, str | None], level: int) -> int:
+    return sum(s.tp for s in t.stages if s.resource == key and s.tp >= level)
+
+
+def _greedy(
+    tables: ScenarioTables, templates: Sequence[PipelineTemplate], max_pipelines: int | None
+) -> dict[int, int]:
+    """Fill GPUs with the templates of best throughput per GPU: the solver's hint."""
+    rows = _resource_rows(tables)
+    free = dict(rows)
+    order = sorted(range(len(templates)),
+                   key=lambda k: -templates[k].micro_batch / templates[k].bottleneck_s
+                   / templates[k].num_gpus)
+    counts: dict[int, int] = {}
+    total = 0
+    for k in order:
+        t = templates[k]
+        while max_pipelines is None or total < max_pipelines:
+            need = {row: _usage(t, *row) for row in rows}
+            if any(need[row] > free[row] for row in rows):
+                break
+            for row in rows:
+                free[row] -= need[row]
+            counts[k] = counts.get(k, 0) + 1
+            total += 1
+    return counts
+
+
+def _knapsack(
+    tables: ScenarioTables,
+    templates: Sequence[PipelineTemplate],
+    target_s: float,
+    hint: dict[int, int],
+    max_pipelines: int | None,
+    time_limit_s: float,
+    num_workers: int,
+) -> tuple[dict[int, int] | None, bool]:
+    """Maximise samples covered by time `target_s`; (counts, proven optimal)."""
+    # Data: value of one pipeline of each template at the target time.
+    value = {}
+    for k, t in enumerate(templates):
+        slope, intercept = _capacity(t, target_s)
+        covered = slope * target_s + intercept
+        if covered > 0 and t.fill_s <= target_s:
+            value[k] = round(covered * SCALE)
+    if not value:
+        return None, False
+    rows = _resource_rows(tables)
+    model = cp_model.CpModel()
+    # Variables: pipelines per useful template.
+    count = {k: model.new_int_var(0, _upper_bound(tables, templates[k]), f"count[{k}]")
+             for k in value}
+    # Constraints: stages of at least each tp level fit the GPUs that can host them.
+    for (key, level), capacity in rows.items():
+        terms = [(_usage(templates[k], key, level), var) for k, var in count.items()]
+        terms = [(c, v) for c, v in terms if c > 0]
+        if terms:
+            model.add(sum(c * v for c, v in terms) <= capacity)
+    # The number of pipelines, which sets the sync ring's length, may be capped.
+    if max_pipelines is not None:
+        model.add(sum(count.values()) <= max_pipelines)
+    model.add(sum(count.values()) >= 1)
+    # Objective: samples covered by the target time.
+    model.maximize(sum(value[k] * var for k, var in count.items()))
+    for k, var in count.items():
+        model.add_hint(var, hint.get(k, 0))
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(time_limit_s, 0.01)
+    solver.parameters.num_workers = num_workers
+    solver.parameters.random_seed = 0
+    status = solver.solve(model)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None, False
+    counts = {k: int(solver.value(var)) for k, var in count.items() if solver.value(var) > 0}
+    return counts, status == cp_model.OPTIMAL
+
+
+def _upper_bound(tables: ScenarioTables, t: PipelineTemplate) -> int:
+    bound = 10**6
+    for key, used in t.gpus().items():
+        cls = next(c for c in tables.classes if c.key == key)
+        bound = min(bound, cls.num_gpus // used)
+    return bound

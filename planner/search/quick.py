@@ -1,0 +1,85 @@
+"""A fast estimate of a placed candidate's gradient-sync time.
+
+The reference sync ring of a layer spans the holders of that layer in every
+pipeline: one slow or shared-interface node among them slows every holder.
+Grouping the pipelines by template makes this O(layers x templates) instead of
+O(layers x pipelines), which the search needs at thousands of GPUs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from planner.documents import Node
+from planner.search.tables import ScenarioTables
+from planner.search.templates import PipelineTemplate
+
+__all__ = ["estimate_sync_s"]
+
+
+def estimate_sync_s(
+    tables: ScenarioTables,
+    templates: Sequence[PipelineTemplate],
+    gpus: Sequence[Sequence[Sequence[str]]],
+) -> float:
+    """Largest per-stage sync time, with each layer's ring at its slowest holder's link."""
+    n = len(templates)
+    if n <= 1:
+        return 0.0
+    scenario = tables.scenario
+    by_name = {node.name: node for c in tables.classes for node in c.nodes}
+    used: dict[str, int] = {}
+    for pipeline in gpus:
+        for stage in pipeline:
+            for gpu in stage:
+                name = gpu.rpartition(":")[0]
+                used[name] = used.get(name, 0) + 1
+    share = {name: min(1.0, by_name[name].num_nics / count) for name, count in used.items()}
+    num_layers = tables.num_layers
+    holder_nodes: list[set[str]] = [set() for _ in range(num_layers)]
+    seen: set[tuple[int, int, str]] = set()
+    for template, pipeline in zip(templates, gpus, strict=True):
+        bounds = template.partition.bounds
+        for s, stage in enumerate(pipeline):
+            node = stage[0].rpartition(":")[0]
+            key = (id(template), s, node)
+            if key in seen:
+                continue
+            seen.add(key)
+            for layer in range(bounds[s], bounds[s + 1]):
+                holder_nodes[layer].add(node)
+    bandwidth = np.empty(num_layers)
+    latency = np.empty(num_layers)
+    for layer, names in enumerate(holder_nodes):
+        bandwidth[layer], latency[layer] = _ring(scenario, [by_name[x] for x in names], share)
+    params = np.diff(tables.params)
+    grad_bytes = scenario.job.grad_bytes
+    data = np.concatenate(([0.0], np.cumsum(params * grad_bytes / bandwidth)))
+    lat = np.concatenate(([0.0], np.cumsum(latency)))
+    worst = 0.0
+    for template in {id(t): t for t in templates}.values():
+        bounds = template.partition.bounds
+        for s, shape in enumerate(template.stages):
+            start, end = bounds[s], bounds[s + 1]
+            seconds = (2 * (n - 1) / n * (data[end] - data[start]) / shape.tp
+                       + 2 * (n - 1) * (lat[end] - lat[start]))
+            worst = max(worst, seconds)
+    return worst
+
+
+def _ring(scenario, nodes: list[Node], share: dict[str, float]) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+    if len(nodes) == 1:
+        link = scenario.cluster.intra_node[nodes[0].gpu_type]
+        return link.bandwidth_gb_per_s * 1e9, link.latency_us * 1e-6
+    zones = {n.zone for n in nodes if n.zone is not None}
+    link = scenario.cluster.inter_node
+    if len(zones) > 1:
+        pairs = [z for z in scenario.cluster.inter_zone if set(z.zones) <= zones]
+        slow = min(pairs, key=lambda z: z.bandwidth_gb_per_s, default=None)
+        if slow is not None:
+            link = slow
+    intra = min(scenario.cluster.intra_node[n.gpu_type].bandwidth_gb_per_s for n in nodes)
+    bandwidth = min(link.bandwidth_gb_per_s * min(share[n.name] for n in nodes), intra)
+    return bandwidth * 1e9, link.latency_us * 1e-6

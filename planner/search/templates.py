@@ -1,0 +1,334 @@
+"""Pipeline templates: a shape of stages with its optimal layer split.
+
+A template fixes the micro-batch size, each stage's resource class (GPU type
+and zone) and tensor-parallel degree, and holds the exact partition of layers
+over them. Homogeneous templates use one class; two-segment templates put one
+class in front of another (memory-rich or fast GPUs first, slow or small ones
+behind), which is what per-type data parallelism cannot express.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from planner.documents import Schedule
+from planner.search.partition import (
+    LinkCost,
+    Partition,
+    StageSpec,
+    SuffixSweep,
+    fixed_partition,
+)
+from planner.search.tables import ResourceClass, ScenarioTables
+
+__all__ = [
+    "StageShape", "PipelineTemplate", "generate_templates", "TemplateLimits", "fixed_template",
+]
+
+ClassKey = tuple[str, str | None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageShape:
+    resource: ClassKey
+    tp: int
+
+    @property
+    def gpu_type(self) -> str:
+        return self.resource[0]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TemplateLimits:
+    max_stages: int = 64
+    """Deepest pipeline considered."""
+    max_points_per_class: int = 3
+    """(micro_batch, tp) points per class kept for two-segment templates."""
+    max_tail_stages: int = 8
+    """Stages of the back segment of two-segment templates."""
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class PipelineTemplate:
+    micro_batch: int
+    stages: tuple[StageShape, ...]
+    partition: Partition
+    fill_s: float
+    """Time of one micro-batch through every stage and transfer."""
+    max_micro_batches: int | None
+    """GPipe keeps every micro-batch in flight: the most that fit. None: no limit."""
+    sync_parts: tuple[tuple[float, float], ...]
+    """Per stage: (seconds of gradient bytes over the ring, seconds of latency per ring step)."""
+
+    @property
+    def bottleneck_s(self) -> float:
+        return self.partition.bottleneck_s
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stages)
+
+    def gpus(self) -> dict[ClassKey, int]:
+        used: dict[ClassKey, int] = {}
+        for stage in self.stages:
+            used[stage.resource] = used.get(stage.resource, 0) + stage.tp
+        return used
+
+    @property
+    def num_gpus(self) -> int:
+        return sum(stage.tp for stage in self.stages)
+
+    def time_s(self, num_micro_batches: int) -> float:
+        """1F1B/GPipe time of one pipeline: fill, then one bottleneck per further micro-batch."""
+        return self.fill_s + (num_micro_batches - 1) * self.bottleneck_s
+
+    def sync_s(self, num_pipelines: int) -> float:
+        n = num_pipelines
+        if n <= 1:
+            return 0.0
+        return max(2 * (n - 1) / n * data + 2 * (n - 1) * lat for data, lat in self.sync_parts)
+
+    def layer_zones(self) -> tuple[str | None, ...]:
+        zones: list[str | None] = []
+        for s, stage in enumerate(self.stages):
+            start, end = self.partition.bounds[s], self.partition.bounds[s + 1]
+            zones.extend([stage.resource[1]] * (end - start))
+        return tuple(zones)
+
+
+class _Context:
+    def __init__(self, tables: ScenarioTables, schedule: Schedule) -> None:
+        self.tables = tables
+        self.scenario = tables.scenario
+        self.schedule = schedule
+        self.blocking = self.scenario.job.blocking_transfers
+        self.by_key = {c.key: c for c in tables.classes}
+
+    def link(self, front: ClassKey, back: ClassKey, *, same_node: bool) -> LinkCost:
+        cluster = self.scenario.cluster
+        if same_node:
+            link = cluster.intra_node[front[0]]
+        elif front[1] is None or back[1] is None or front[1] == back[1]:
+            link = cluster.inter_node
+        else:
+            link = next((z for z in cluster.inter_zone if set(z.zones) == {front[1], back[1]}),
+                        cluster.inter_node)
+        return LinkCost(latency_s=link.latency_us * 1e-6, bytes_per_s=link.bandwidth_gb_per_s * 1e9)
+
+    def ring(self, resource: ClassKey) -> tuple[float, float]:
+        """(bytes/s, latency s) of a sync ring among holders of one class on different nodes."""
+        nodes = self.by_key[resource].nodes
+        share = min(min(1.0, n.num_nics / n.gpus) for n in nodes)
+        link = self.scenario.cluster.inter_node
+        return link.bandwidth_gb_per_s * 1e9 * share, link.latency_us * 1e-6
+
+    def stage_spec(self, shape: StageShape, b: int, k: int, link_in: LinkCost | None) -> StageSpec:
+        in_flight = k if self.schedule is Schedule.ONE_F_ONE_B else 1
+        point = self.tables.points[(shape.gpu_type, b, shape.tp)]
+        return StageSpec(point=point, in_flight=in_flight, link_in=link_in)
+
+
+def generate_templates(
+    tables: ScenarioTables,
+    schedule: Schedule,
+    *,
+    num_pipelines_hint: int = 1,
+    limits: TemplateLimits | None = None,
+) -> list[PipelineTemplate]:
+    """Homogeneous templates of every class, depth and profiled point, then two-segment ones."""
+    limits = limits or TemplateLimits()
+    ctx = _Context(tables, schedule)
+    homogeneous = list(_homogeneous(ctx, num_pipelines_hint, limits))
+    best_points = _best_points(homogeneous, limits.max_points_per_class)
+    mixed = list(_two_segment(ctx, best_points, num_pipelines_hint, limits))
+    return homogeneous + mixed
+
+
+def _points(ctx: _Context, cls: ResourceClass) -> Iterator[tuple[int, int]]:
+    for (gpu_type, b, tp) in ctx.tables.points:
+        if gpu_type == cls.gpu_type and tp <= cls.largest_node:
+            yield b, tp
+
+
+def _homogeneous(
+    ctx: _Context, num_pipelines: int, limits: TemplateLimits
+) -> Iterator[PipelineTemplate]:
+    for cls in ctx.tables.classes:
+        for b, tp in _points(ctx, cls):
+            shape = StageShape(resource=cls.key, tp=tp)
+            max_stages = min(limits.max_stages, cls.slots(tp), ctx.tables.num_layers)
+            same_node = tp * 2 <= cls.largest_node
+            sweep = SuffixSweep(ctx.tables, blocking=ctx.blocking, num_pipelines=num_pipelines)
+            for k in range(1, max_stages + 1):
+                # Consecutive stages share a node while a pipeline fits in one.
+                inner = same_node and k * tp <= cls.largest_node
+                link = ctx.link(cls.key, cls.key, same_node=inner)
+                sweep.push(ctx.stage_spec(shape, b, k, link))
+            for depth in range(1, max_stages + 1):
+                template = _template(ctx, sweep, depth, b, [shape] * depth)
+                if template is not None:
+                    yield template
+
+
+def _best_points(
+    templates: list[PipelineTemplate], keep: int
+) -> dict[ClassKey, list[tuple[int, int]]]:
+    """Per class, the (micro_batch, tp) points with the best throughput per GPU."""
+    score: dict[tuple[ClassKey, int, int], float] = {}
+    for t in templates:
+        shape = t.stages[0]
+        key = (shape.resource, t.micro_batch, shape.tp)
+        rate = t.micro_batch / t.bottleneck_s / t.num_gpus
+        score[key] = max(score.get(key, 0.0), rate)
+    ranked: dict[ClassKey, list[tuple[float, int, int]]] = {}
+    for (resource, b, tp), rate in score.items():
+        ranked.setdefault(resource, []).append((rate, b, tp))
+    return {r: [(b, tp) for _, b, tp in sorted(v, reverse=True)[:keep]] for r, v in ranked.items()}
+
+
+def _two_segment(
+    ctx: _Context,
+    best_points: dict[ClassKey, list[tuple[int, int]]],
+    num_pipelines: int,
+    limits: TemplateLimits,
+) -> Iterator[PipelineTemplate]:
+    classes = ctx.tables.classes
+    for back in classes:
+        for front in classes:
+            if front.key == back.key:
+                continue
+            for b, tp_back in best_points.get(back.key, []):
+                front_tps = sorted({tp for bb, tp in best_points.get(front.key, []) if bb == b})
+                front_tps = [tp for tp in front_tps if (front.gpu_type, b, tp) in ctx.tables.points]
+                if not front_tps:
+                    continue
+                yield from _two_segment_family(
+                    ctx, front, back, b, tp_back, front_tps, num_pipelines, limits)
+
+
+def _two_segment_family(
+    ctx: _Context,
+    front: ResourceClass,
+    back: ResourceClass,
+    b: int,
+    tp_back: int,
+    front_tps: list[int],
+    num_pipelines: int,
+    limits: TemplateLimits,
+) -> Iterator[PipelineTemplate]:
+    back_shape = StageShape(resource=back.key, tp=tp_back)
+    max_back = min(limits.max_tail_stages, back.slots(tp_back), ctx.tables.num_layers - 1)
+    sweep = SuffixSweep(ctx.tables, blocking=ctx.blocking, num_pipelines=num_pipelines)
+    crossing = ctx.link(front.key, back.key, same_node=False)
+    for num_back in range(1, max_back + 1):
+        inner = (num_back + 1) * tp_back <= back.largest_node and tp_back * 2 <= back.largest_node
+        sweep.push(ctx.stage_spec(back_shape, b, num_back, ctx.link(back.key, back.key,
+                                                                     same_node=inner)))
+        for tp_front in front_tps:
+            front_shape = StageShape(resource=front.key, tp=tp_front)
+            max_front = min(limits.max_stages - num_back, front.slots(tp_front),
+                            ctx.tables.num_layers - num_back)
+            branch = copy.copy(sweep)
+            branch.best, branch.choice, branch.specs = (
+                list(sweep.best), list(sweep.choice), list(sweep.specs))
+            # The last back stage pushed receives from the front segment over `crossing`.
+            branch.specs[-1] = StageSpec(point=branch.specs[-1].point,
+                                         in_flight=branch.specs[-1].in_flight, link_in=crossing)
+            _recompute_front_edge(branch)
+            for k in range(1, max_front + 1):
+                inner = (k + 1) * tp_front <= front.largest_node and tp_front * 2 <= front.largest_node
+                link = ctx.link(front.key, front.key, same_node=inner)
+                branch.push(ctx.stage_spec(front_shape, b, num_back + k, link))
+                stages = [front_shape] * k + [back_shape] * num_back
+                template = _template(ctx, branch, num_back + k, b, stages)
+                if template is not None:
+                    yield template
+
+
+def _recompute_front_edge(sweep: SuffixSweep) -> None:
+    """Redo the front-most row of a sweep after changing that stage's incoming link."""
+    spec = sweep.specs.pop()
+    sweep.best.pop()
+    sweep.choice.pop()
+    sweep.push(spec)
+
+
+def _template(
+    ctx: _Context, sweep: SuffixSweep, depth: int, b: int, stages: list[StageShape]
+) -> PipelineTemplate | None:
+    if not math.isfinite(sweep.depth_bottleneck(depth)):
+        return None
+    part = sweep.extract(depth)
+    if part is None:
+        return None
+    return _template_from_partition(ctx, sweep.specs, part, b, stages)
+
+
+def _template_from_partition(
+    ctx: _Context, specs: list[StageSpec], part: Partition, b: int, stages: list[StageShape]
+) -> PipelineTemplate | None:
+    depth = len(stages)
+    tables = ctx.tables
+    fill = sum(part.stage_s)
+    if not ctx.blocking:
+        for s in range(depth - 1):
+            link = specs[depth - s - 2].link_in
+            assert link is not None
+            fill += 2 * (link.latency_s + tables.output_bytes[part.bounds[s + 1] - 1] * b
+                         / link.bytes_per_s)
+    max_m = _gpipe_limit(ctx, part, stages, b) if ctx.schedule is Schedule.GPIPE else None
+    if max_m is not None and max_m < 1:
+        return None
+    sync_parts = []
+    grad_bytes = ctx.scenario.job.grad_bytes
+    for s, shape in enumerate(stages):
+        start, end = part.bounds[s], part.bounds[s + 1]
+        bandwidth, latency = ctx.ring(shape.resource)
+        params = float(tables.params[end] - tables.params[start])
+        sync_parts.append((params * grad_bytes / shape.tp / bandwidth, latency * (end - start)))
+    return PipelineTemplate(
+        micro_batch=b, stages=tuple(stages), partition=part, fill_s=fill,
+        max_micro_batches=max_m, sync_parts=tuple(sync_parts))
+
+
+def _gpipe_limit(ctx: _Context, part: Partition, stages: list[StageShape], b: int) -> int:
+    tables = ctx.tables
+    limit = 10**9
+    for s, shape in enumerate(stages):
+        start, end = part.bounds[s], part.bounds[s + 1]
+        point = tables.points[(shape.gpu_type, b, shape.tp)]
+        state = tables.state_bytes(start, end, shape.tp, 1)
+        acts = float(point.activation_bytes[end] - point.activation_bytes[start])
+        room = tables.capacity_bytes[shape.gpu_type] - state
+        limit = min(limit, int(room // acts) if acts > 0 else 10**9)
+    return limit
+
+
+def fixed_template(
+    tables: ScenarioTables,
+    schedule: Schedule,
+    stages: list[StageShape],
+    b: int,
+    bounds: list[int],
+    *,
+    same_node_links: bool = False,
+) -> PipelineTemplate | None:
+    """A template with a given layer split (the even splits of the baselines)."""
+    ctx = _Context(tables, schedule)
+    if any((s.gpu_type, b, s.tp) not in tables.points for s in stages):
+        return None
+    depth = len(stages)
+    specs = []
+    for k in range(1, depth + 1):
+        shape = stages[depth - k]
+        front = stages[depth - k - 1] if k < depth else shape
+        same = same_node_links and front.resource == shape.resource
+        specs.append(ctx.stage_spec(shape, b, k, ctx.link(front.resource, shape.resource,
+                                                          same_node=same)))
+    part = fixed_partition(tables, specs, bounds, blocking=ctx.blocking, num_pipelines=1)
+    if part is None:
+        return None
+    return _template_from_partition(ctx, specs, part, b, stages)

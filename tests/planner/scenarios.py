@@ -1,0 +1,60 @@
+"""Tiny scenario builders whose numbers can be worked by hand."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+
+def tiny(**job: Any) -> dict[str, Any]:
+    """Two 4-GPU nodes of one type; two layers: kind a (no output), kind b.
+
+    Per micro-batch of 1 at tp 1: a takes 1 ms forward, 2 ms backward; b takes
+    2 ms and 4 ms. Layer outputs are 1e6 bytes per sample for b, 0 for a.
+    """
+    return {
+        "format": "hetplan-scenario/1",
+        "gpu_types": {"G": {"memory_gib": 10}},
+        "cluster": {
+            "nodes": [{"name": "n0", "gpu_type": "G", "gpus": 4},
+                      {"name": "n1", "gpu_type": "G", "gpus": 4}],
+            "intra_node": {"G": {"bandwidth_gb_per_s": 100, "latency_us": 0}},
+            "inter_node": {"bandwidth_gb_per_s": 10, "latency_us": 0},
+        },
+        "model": {
+            "name": "tiny", "seq_len": 8, "layers": ["a", "b"],
+            "kinds": {"a": {"params": 1_000_000, "output_bytes_per_sample": 0},
+                      "b": {"params": 1_000_000, "output_bytes_per_sample": 1_000_000}},
+        },
+        "profiles": [
+            {"gpu_type": "G", "kind": "a", "micro_batch": 1, "tp": 1,
+             "forward_ms": 1, "backward_ms": 2, "activation_bytes": 1_000_000},
+            {"gpu_type": "G", "kind": "b", "micro_batch": 1, "tp": 1,
+             "forward_ms": 2, "backward_ms": 4, "activation_bytes": 2_000_000},
+        ],
+        "job": {"global_batch_size": 2, **job},
+    }
+
+
+def uniform(**job: Any) -> dict[str, Any]:
+    """Like `tiny` but both layers of kind b (1e6 output bytes, 2 ms / 4 ms)."""
+    doc = tiny(**job)
+    doc["model"]["layers"] = ["b", "b"]
+    doc["model"]["kinds"] = {"b": doc["model"]["kinds"]["b"]}
+    doc["profiles"] = [dict(doc["profiles"][1], forward_ms=1, backward_ms=2)]
+    return doc
+
+
+def stage(gpus: list[str], layers: tuple[int, int], tp: int = 1) -> dict[str, Any]:
+    return {"gpu_type": "G", "tp": tp, "gpus": gpus, "layers": list(layers)}
+
+
+def pipeline(stages: list[dict[str, Any]], b: int = 1, m: int = 2) -> dict[str, Any]:
+    return {"micro_batch_size": b, "num_micro_batches": m, "stages": stages}
+
+
+def plan(*pipelines: dict[str, Any], schedule: str | None = None) -> dict[str, Any]:
+    doc: dict[str, Any] = {"format": "hetplan-plan/1", "pipelines": list(pipelines)}
+    if schedule:
+        doc["schedule"] = schedule
+    return copy.deepcopy(doc)

@@ -1,0 +1,87 @@
+"""The search: valid plans, never worse than the baselines, clear infeasibility."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from planner import Infeasible, SearchOptions, evaluate, parse_plan, parse_scenario, plan
+from planner.documents import dump_document
+from planner.search.baselines import even_bounds
+from tests.planner.scenarios import tiny
+
+DATA = Path(__file__).parent.parent / "data"
+
+
+def test_even_bounds_give_earlier_stages_the_extra_layers() -> None:
+    assert even_bounds(26, 3) == [0, 9, 18, 26]
+    assert even_bounds(34, 4) == [0, 9, 18, 26, 34]
+
+
+def test_plan_of_a_shared_scenario_is_valid_and_beats_the_reference_baselines() -> None:
+    name = "a80x16-v32x16-gpt1.3b"
+    scenario = parse_scenario(json.loads((DATA / "scenarios" / f"{name}.json").read_text()))
+    summary = json.loads((DATA / "reference" / f"{name}.summary.json").read_text())
+    result = plan(scenario, SearchOptions(time_limit_s=4))
+    # The written document round-trips and re-evaluates to the same numbers.
+    again = evaluate(scenario, parse_plan(json.loads(json.dumps(dump_document(result.plan)))))
+    assert again.valid, again.errors
+    assert again.iteration_s == pytest.approx(result.evaluation.iteration_s)
+    best = max(summary["homogeneous"]["samples_per_s"], summary["unaware"]["samples_per_s"])
+    assert again.samples_per_s >= best * (1 - 1e-9)
+    search = result.plan.model_extra["search"]
+    assert search["status"] in {"feasible", "heuristic"}
+    assert 0 <= search["gap_to_compute_bound"] < 1
+
+
+def test_infeasible_scenario_names_the_memory_it_needs() -> None:
+    doc = tiny()
+    doc["gpu_types"]["G"]["memory_gib"] = 2.01  # 2 GiB reserved; layers need ~18 MB each
+    with pytest.raises(Infeasible, match=r"needs .* GiB .* largest GPU has 2.01 GiB"):
+        plan(parse_scenario(doc), SearchOptions(time_limit_s=2))
+
+
+@st.composite
+def small_scenarios(draw: st.DrawFn) -> dict:
+    doc = tiny()
+    types = {"G": 10.0, "S": draw(st.sampled_from([0.5, 2.2, 4.0]))}
+    doc["gpu_types"] = {"G": {"memory_gib": 10}, "S": {"memory_gib": 2 + types["S"]}}
+    doc["cluster"]["nodes"] = [
+        {"name": "n0", "gpu_type": "G", "gpus": draw(st.sampled_from([1, 2, 4]))},
+        {"name": "s0", "gpu_type": "S", "gpus": draw(st.sampled_from([1, 2, 4])),
+         "nics": draw(st.sampled_from([1, 4]))},
+    ]
+    doc["cluster"]["intra_node"]["S"] = {"bandwidth_gb_per_s": 50, "latency_us": 2}
+    slow = draw(st.floats(min_value=1.0, max_value=4.0))
+    num_layers = draw(st.integers(min_value=2, max_value=6))
+    doc["model"]["layers"] = ["a"] + ["b"] * (num_layers - 1)
+    rows = []
+    for gpu_type, factor in (("G", 1.0), ("S", slow)):
+        for b in (1, 2):
+            for kind, f, act in (("a", 1.0, 1e6), ("b", 2.0, 2e6)):
+                rows.append({"gpu_type": gpu_type, "kind": kind, "micro_batch": b, "tp": 1,
+                             "forward_ms": f * b * factor, "backward_ms": 2 * f * b * factor,
+                             "activation_bytes": act * b})
+    doc["profiles"] = rows
+    doc["job"]["global_batch_size"] = draw(st.sampled_from([4, 8, 16]))
+    doc["job"]["schedule"] = draw(st.sampled_from(["1f1b", "gpipe"]))
+    return doc
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(small_scenarios())
+def test_every_returned_plan_is_valid_and_never_worse_than_any_baseline(doc: dict) -> None:
+    scenario = parse_scenario(doc)
+    try:
+        result = plan(scenario, SearchOptions(time_limit_s=1))
+    except Infeasible:
+        return
+    again = evaluate(scenario, result.plan)
+    assert again.valid, again.errors
+    for name, rate in result.baselines.items():
+        if rate is not None:
+            assert again.samples_per_s >= rate * (1 - 1e-9), name
