@@ -20,7 +20,7 @@ from ortools.sat.python import cp_model
 from planner.search.tables import ScenarioTables
 from planner.search.templates import PipelineTemplate
 
-__all__ = ["Allocation", "allocate"]
+__all__ = ["Allocation", "allocate", "prune"]
 
 SCALE = 1000.0  # CP-SAT works in integers: samples are scaled to thousandths
 
@@ -52,7 +52,8 @@ def allocate(
     """Pipelines per template that cover the global batch soonest, within GPU limits."""
     batch = tables.scenario.job.global_batch_size
     deadline = time.monotonic() + time_limit_s
-    counts = _greedy(tables, templates, max_pipelines)
+    usage = _usage_table(tables, templates)
+    counts = _greedy(tables, templates, usage, max_pipelines)
     if not counts:
         return None
     target = _finish_time(templates, counts, batch)
@@ -62,7 +63,7 @@ def allocate(
         if remaining <= 0.01:
             proven = False
             break
-        solved, optimal = _knapsack(tables, templates, target, counts, max_pipelines,
+        solved, optimal = _knapsack(tables, templates, usage, target, counts, max_pipelines,
                                     remaining, num_workers)
         proven = proven and optimal
         if not solved:
@@ -98,8 +99,35 @@ def _usage(t: PipelineTemplate, key: tuple[str, str | None], level: int) -> int:
     return sum(s.tp for s in t.stages if s.resource == key and s.tp >= level)
 
 
+def _usage_table(
+    tables: ScenarioTables, templates: Sequence[PipelineTemplate]
+) -> dict[int, dict[tuple[tuple[str, str | None], int], int]]:
+    """Per template, its non-zero GPU usage of each (class, tp level) row."""
+    rows = _resource_rows(tables)
+    table = {}
+    for k, t in enumerate(templates):
+        table[k] = {row: u for row in rows if (u := _usage(t, *row)) > 0}
+    return table
+
+
+def prune(templates: Sequence[PipelineTemplate], keep: int = 3) -> list[PipelineTemplate]:
+    """Of templates using exactly the same GPUs, keep the few with the best throughput."""
+    groups: dict[tuple[tuple[tuple[str, str | None], int], ...], list[PipelineTemplate]] = {}
+    for t in templates:
+        shape = tuple(sorted((s.resource, s.tp) for s in t.stages))
+        groups.setdefault(shape, []).append(t)
+    kept = []
+    for group in groups.values():
+        group.sort(key=lambda t: (t.bottleneck_s / t.micro_batch, t.fill_s / t.micro_batch))
+        kept.extend(group[:keep])
+    return kept
+
+
 def _greedy(
-    tables: ScenarioTables, templates: Sequence[PipelineTemplate], max_pipelines: int | None
+    tables: ScenarioTables,
+    templates: Sequence[PipelineTemplate],
+    usage: dict[int, dict[tuple[tuple[str, str | None], int], int]],
+    max_pipelines: int | None,
 ) -> dict[int, int]:
     """Fill GPUs with the templates of best throughput per GPU: the solver's hint."""
     rows = _resource_rows(tables)
@@ -110,12 +138,11 @@ def _greedy(
     counts: dict[int, int] = {}
     total = 0
     for k in order:
-        t = templates[k]
+        need = usage[k]
         while max_pipelines is None or total < max_pipelines:
-            need = {row: _usage(t, *row) for row in rows}
-            if any(need[row] > free[row] for row in rows):
+            if any(need[row] > free[row] for row in need):
                 break
-            for row in rows:
+            for row in need:
                 free[row] -= need[row]
             counts[k] = counts.get(k, 0) + 1
             total += 1
@@ -125,6 +152,7 @@ def _greedy(
 def _knapsack(
     tables: ScenarioTables,
     templates: Sequence[PipelineTemplate],
+    usage: dict[int, dict[tuple[tuple[str, str | None], int], int]],
     target_s: float,
     hint: dict[int, int],
     max_pipelines: int | None,
@@ -144,12 +172,12 @@ def _knapsack(
     rows = _resource_rows(tables)
     model = cp_model.CpModel()
     # Variables: pipelines per useful template.
-    count = {k: model.new_int_var(0, _upper_bound(tables, templates[k]), f"count[{k}]")
+    sizes = {c.key: c.num_gpus for c in tables.classes}
+    count = {k: model.new_int_var(0, _upper_bound(sizes, templates[k]), f"count[{k}]")
              for k in value}
     # Constraints: stages of at least each tp level fit the GPUs that can host them.
-    for (key, level), capacity in rows.items():
-        terms = [(_usage(templates[k], key, level), var) for k, var in count.items()]
-        terms = [(c, v) for c, v in terms if c > 0]
+    for row, capacity in rows.items():
+        terms = [(usage[k][row], var) for k, var in count.items() if row in usage[k]]
         if terms:
             model.add(sum(c * v for c, v in terms) <= capacity)
     # The number of pipelines, which sets the sync ring's length, may be capped.
@@ -164,16 +192,15 @@ def _knapsack(
     solver.parameters.max_time_in_seconds = max(time_limit_s, 0.01)
     solver.parameters.num_workers = num_workers
     solver.parameters.random_seed = 0
+    # A knapsack step within 0.1% of its optimum moves Dinkelbach's iteration as well.
+    solver.parameters.relative_gap_limit = 1e-3
     status = solver.solve(model)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None, False
     counts = {k: int(solver.value(var)) for k, var in count.items() if solver.value(var) > 0}
-    return counts, status == cp_model.OPTIMAL
+    gap = abs(solver.objective_value - solver.best_objective_bound) / max(1.0, abs(solver.objective_value))
+    return counts, status == cp_model.OPTIMAL and gap <= 1e-3
 
 
-def _upper_bound(tables: ScenarioTables, t: PipelineTemplate) -> int:
-    bound = 10**6
-    for key, used in t.gpus().items():
-        cls = next(c for c in tables.classes if c.key == key)
-        bound = min(bound, cls.num_gpus // used)
-    return bound
+def _upper_bound(sizes: dict[tuple[str, str | None], int], t: PipelineTemplate) -> int:
+    return min(sizes[key] // used for key, used in t.gpus().items())

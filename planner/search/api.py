@@ -19,7 +19,7 @@ from typing import Any
 from planner.documents import Plan, Scenario
 from planner.errors import Infeasible
 from planner.estimate import Evaluation, evaluate
-from planner.search.allocate import allocate
+from planner.search.allocate import allocate, prune
 from planner.search.assemble import PlacementStyle, build_plan, place, split_batch
 from planner.search.quick import estimate_sync_s
 from planner.search.tables import ScenarioTables, compile_tables
@@ -110,7 +110,7 @@ def plan(
     tables = compile_tables(scenario)
     _check_feasible(tables)
     report(0.05, "building pipeline templates")
-    templates = generate_templates(tables, scenario.job.schedule)
+    templates = prune(generate_templates(tables, scenario.job.schedule))
     report(0.3, f"allocating GPUs over {len(templates)} pipeline templates")
     candidates, proven = _allocation_candidates(tables, templates, options, started)
     report(0.7, "building baselines")

@@ -1,0 +1,80 @@
+"""Planning time and peak memory against cluster size.
+
+Scales shared scenarios by adding nodes (same types and zones, same shape),
+then times `plan` in a fresh process per size and reads its peak RSS.
+Usage: python bench/plan_time.py [--sizes 64,512,4096,8192] [--time-limit S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SCENARIOS = ROOT / "tests" / "data" / "scenarios"
+BASES = [  # (scenario, types, layers)
+    "l40sx16-a40x8-v32x16-t4x8-gpt2.7b",   # 4 types, 34 layers
+    "h200x8-h100x16-a80x16-llama13b",      # 3 types, 42 layers
+]
+
+
+def scaled(name: str, total_gpus: int) -> dict:
+    doc = json.loads((SCENARIOS / f"{name}.json").read_text())
+    nodes = doc["cluster"]["nodes"]
+    have = sum(n["gpus"] for n in nodes)
+    copies = max(1, round(total_gpus / have))
+    doc["cluster"]["nodes"] = [
+        dict(n, name=f"{n['name']}-r{r}") for r in range(copies) for n in nodes]
+    doc["job"]["global_batch_size"] *= max(1, copies // 2)
+    return doc
+
+
+def child(name: str, size: int, time_limit: float) -> None:
+    from planner import SearchOptions, parse_scenario, plan
+
+    scenario = parse_scenario(scaled(name, size))
+    started = time.perf_counter()
+    result = plan(scenario, SearchOptions(time_limit_s=time_limit))
+    wall = time.perf_counter() - started
+    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    gpus = sum(n.gpus for n in scenario.cluster.nodes)
+    print(json.dumps({"scenario": name, "gpus": gpus, "wall_s": wall, "peak_mib": peak_mib,
+                      "samples_per_s": result.evaluation.samples_per_s,
+                      "layers": len(scenario.model.layers),
+                      "types": len(scenario.gpu_types)}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sizes", default="64,512,4096,8192")
+    parser.add_argument("--time-limit", type=float, default=10.0)
+    parser.add_argument("--child", nargs=2)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child[0], int(args.child[1]), args.time_limit)
+        return
+    print(f"machine: {platform.machine()}, Python {platform.python_version()}, "
+          f"date {time.strftime('%Y-%m-%d')}, time limit {args.time_limit} s\n")
+    print("| base scenario | types | layers | GPUs | plan wall s | peak RSS MiB | samples/s |")
+    print("|---|---|---|---|---|---|---|")
+    for name in BASES:
+        for size in [int(s) for s in args.sizes.split(",")]:
+            out = subprocess.run([sys.executable, __file__, "--child", name, str(size),
+                                  "--time-limit", str(args.time_limit)],
+                                 capture_output=True, text=True, timeout=1800)
+            if out.returncode != 0:
+                print(f"| {name} | | | {size} | failed: {out.stderr.strip()[-200:]} | | |")
+                continue
+            r = json.loads(out.stdout.strip().splitlines()[-1])
+            print(f"| {name} | {r['types']} | {r['layers']} | {r['gpus']} | {r['wall_s']:.2f} | "
+                  f"{r['peak_mib']:.0f} | {r['samples_per_s']:.1f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
