@@ -7,6 +7,7 @@ from the event simulation, sync, iteration time, throughput, per-GPU memory.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -272,6 +273,20 @@ def _layer_holders(pipeline: Pipeline, num_layers: int) -> list[int]:
     return holder
 
 
+@functools.lru_cache(maxsize=4096)
+def _simulate(
+    forward_s: tuple[float, ...],
+    backward_s: tuple[float, ...],
+    transfer_s: tuple[float, ...],
+    num_micro_batches: int,
+    schedule: Schedule,
+    blocking: bool,
+) -> float:
+    """Data-parallel replicas repeat the same pipeline: simulate each shape once."""
+    return simulate_pipeline(forward_s, backward_s, transfer_s, num_micro_batches, schedule,
+                             blocking_transfers=blocking)
+
+
 def _estimate_pipeline(
     scenario: Scenario,
     plan: Plan,
@@ -316,10 +331,10 @@ def _estimate_pipeline(
             memory_bytes=memory, memory_gib=memory / GIB, reserved_gib=reserved,
             capacity_gib=capacity, fits=memory <= capacity * GIB,
         ))
-    pipeline_s = simulate_pipeline(
-        [st.effective_forward_ms * 1e-3 for st in stages],
-        [st.effective_backward_ms * 1e-3 for st in stages],
-        transfers, m, schedule, blocking_transfers=job.blocking_transfers,
+    pipeline_s = _simulate(
+        tuple(st.effective_forward_ms * 1e-3 for st in stages),
+        tuple(st.effective_backward_ms * 1e-3 for st in stages),
+        tuple(transfers), m, schedule, job.blocking_transfers,
     )
     return PipelineEstimate(
         index=index, micro_batch_size=b, num_micro_batches=m, samples=b * m,

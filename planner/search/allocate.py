@@ -15,14 +15,16 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 from ortools.sat.python import cp_model
 
 from planner.search.tables import ScenarioTables
 from planner.search.templates import PipelineTemplate
 
-__all__ = ["Allocation", "allocate", "prune"]
+__all__ = ["Allocation", "allocate", "prune", "pareto"]
 
 SCALE = 1000.0  # CP-SAT works in integers: samples are scaled to thousandths
+MODEL_TEMPLATES = 120  # templates offered to one knapsack
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,15 +101,30 @@ def _usage(t: PipelineTemplate, key: tuple[str, str | None], level: int) -> int:
     return sum(s.tp for s in t.stages if s.resource == key and s.tp >= level)
 
 
+Row = tuple[tuple[str, str | None], int]
+
+
 def _usage_table(
     tables: ScenarioTables, templates: Sequence[PipelineTemplate]
-) -> dict[int, dict[tuple[tuple[str, str | None], int], int]]:
+) -> dict[int, dict[Row, int]]:
     """Per template, its non-zero GPU usage of each (class, tp level) row."""
     rows = _resource_rows(tables)
-    table = {}
-    for k, t in enumerate(templates):
-        table[k] = {row: u for row in rows if (u := _usage(t, *row)) > 0}
-    return table
+    return {k: _template_usage(t, tuple(rows)) for k, t in enumerate(templates)}
+
+
+_USAGE: dict[tuple[int, tuple[Row, ...]], tuple[PipelineTemplate, dict[Row, int]]] = {}
+
+
+def _template_usage(t: PipelineTemplate, rows: tuple[Row, ...]) -> dict[Row, int]:
+    # Templates are immutable and allocate() is called many times over the same ones.
+    key = (id(t), rows)
+    cached = _USAGE.get(key)
+    if cached is None or cached[0] is not t:
+        if len(_USAGE) > 200_000:
+            _USAGE.clear()
+        cached = (t, {row: u for row in rows if (u := _usage(t, *row)) > 0})
+        _USAGE[key] = cached
+    return cached[1]
 
 
 def prune(templates: Sequence[PipelineTemplate], keep: int = 3) -> list[PipelineTemplate]:
@@ -160,13 +177,15 @@ def _knapsack(
     num_workers: int,
 ) -> tuple[dict[int, int] | None, bool]:
     """Maximise samples covered by time `target_s`; (counts, proven optimal)."""
-    # Data: value of one pipeline of each template at the target time.
-    value = {}
+    # Data: value of one pipeline of each template at the target time; the knapsack keeps the
+    # templates of most value per GPU (an optimum uses few distinct ones) and the hint's.
+    covered = {}
     for k, t in enumerate(templates):
         slope, intercept = _capacity(t, target_s)
-        covered = slope * target_s + intercept
-        if covered > 0 and t.fill_s <= target_s:
-            value[k] = round(covered * SCALE)
+        if slope * target_s + intercept > 0 and t.fill_s <= target_s:
+            covered[k] = slope * target_s + intercept
+    ranked = sorted(covered, key=lambda k: -covered[k] / templates[k].num_gpus)
+    value = {k: round(covered[k] * SCALE) for k in {*ranked[:MODEL_TEMPLATES], *hint} if k in covered}
     if not value:
         return None, False
     rows = _resource_rows(tables)
@@ -204,3 +223,30 @@ def _knapsack(
 
 def _upper_bound(sizes: dict[tuple[str, str | None], int], t: PipelineTemplate) -> int:
     return min(sizes[key] // used for key, used in t.gpus().items())
+
+
+def pareto(templates: Sequence[PipelineTemplate], classes: Sequence[tuple[str, str | None]],
+           num_pipelines: int) -> list[PipelineTemplate]:
+    """Drop templates another one beats on every count: GPUs of each class, rate, fill, sync."""
+    if len(templates) < 2:
+        return list(templates)
+    index = {key: i for i, key in enumerate(classes)}
+    usage = np.zeros((len(templates), len(classes)))
+    for k, t in enumerate(templates):
+        for key, used in t.gpus().items():
+            usage[k, index[key]] = used
+    rate = np.array([t.micro_batch / t.bottleneck_s for t in templates])
+    fill = np.array([t.fill_s for t in templates])
+    sync = np.array([t.sync_s(num_pipelines) for t in templates])
+    batch = np.array([t.micro_batch for t in templates])
+    keep = np.ones(len(templates), dtype=bool)
+    for start in range(0, len(templates), 256):
+        part = slice(start, start + 256)
+        no_worse = ((usage[None, :, :] <= usage[part, None, :]).all(axis=2)
+                    & (rate[None, :] >= rate[part, None]) & (fill[None, :] <= fill[part, None])
+                    & (sync[None, :] <= sync[part, None]) & (batch[None, :] == batch[part, None]))
+        better = ((usage[None, :, :] < usage[part, None, :]).any(axis=2)
+                  | (rate[None, :] > rate[part, None]) | (fill[None, :] < fill[part, None])
+                  | (sync[None, :] < sync[part, None]))
+        keep[part] = ~(no_worse & better).any(axis=1)
+    return [t for t, k in zip(templates, keep, strict=True) if k]

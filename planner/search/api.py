@@ -11,7 +11,7 @@ three baselines are finalists too, so the result is never worse than them.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -19,13 +19,12 @@ from typing import Any
 from planner.documents import Plan, Scenario
 from planner.errors import Infeasible
 from planner.estimate import Evaluation, evaluate
-from planner.search.allocate import allocate, prune
-from planner.search.assemble import PlacementStyle, build_plan, place, split_batch
-from planner.search.quick import estimate_sync_s
+from planner.search.allocate import allocate, pareto, prune
+from planner.search.drafts import Candidate, Draft, best_realized, draft
 from planner.search.tables import ScenarioTables, compile_tables
 from planner.search.templates import PipelineTemplate, generate_templates
 
-__all__ = ["PlanStatus", "SearchOptions", "PlanResult", "plan", "Candidate", "assemble"]
+__all__ = ["PlanStatus", "SearchOptions", "PlanResult", "plan"]
 
 PLANNER_VERSION = "0.1.0"
 
@@ -45,7 +44,7 @@ class SearchOptions:
     """Wall-clock budget of the whole search; the best plan found by then is returned."""
     num_workers: int = 1
     """CP-SAT search workers."""
-    finalists: int = 6
+    finalists: int = 8
     """Candidate plans judged by the full estimator (event simulation and sync rings)."""
 
 
@@ -60,39 +59,6 @@ class PlanResult:
     """GPU name -> why the plan leaves it idle."""
     baselines: dict[str, float | None] = field(default_factory=dict)
     """Baseline name -> samples/s (None where the baseline has no valid plan)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Candidate:
-    """A plan with the search's quick estimate of its iteration time."""
-
-    plan: Plan
-    quick_s: float
-    origin: str
-
-
-def assemble(
-    tables: ScenarioTables, pipelines: Sequence[PipelineTemplate], origin: str
-) -> list[Candidate]:
-    """Split the batch over these pipelines and place them both ways."""
-    scenario = tables.scenario
-    micro_batches = split_batch(pipelines, scenario.job.global_batch_size)
-    if micro_batches is None:
-        return []
-    used = [(t, m) for t, m in zip(pipelines, micro_batches, strict=True) if m > 0]
-    templates = [t for t, _ in used]
-    counts = [m for _, m in used]
-    pipeline_s = max(t.time_s(m) for t, m in used)
-    out = []
-    for style in (PlacementStyle(stage_major=False), PlacementStyle(stage_major=True)):
-        gpus = place(tables, templates, style)
-        if gpus is not None:
-            plan_doc = build_plan(templates, counts, gpus, scenario.job.schedule)
-            quick = pipeline_s + estimate_sync_s(tables, templates, gpus)
-            out.append(Candidate(plan=plan_doc, quick_s=quick,
-                                 origin=f"{origin}, {'stage' if style.stage_major else 'pipeline'}"
-                                        "-major placement"))
-    return out
 
 
 def plan(
@@ -110,7 +76,11 @@ def plan(
     tables = compile_tables(scenario)
     _check_feasible(tables)
     report(0.05, "building pipeline templates")
-    templates = prune(generate_templates(tables, scenario.job.schedule))
+    templates = generate_templates(tables, scenario.job.schedule)
+    if scenario.job.zero_stage >= 1:
+        # Sharded state fits deeper into memory once there are several pipelines.
+        templates += generate_templates(tables, scenario.job.schedule, num_pipelines_hint=8)
+    templates = pareto(prune(templates), [c.key for c in tables.classes], num_pipelines=8)
     report(0.3, f"allocating GPUs over {len(templates)} pipeline templates")
     candidates, proven = _allocation_candidates(tables, templates, options, started)
     report(0.7, "building baselines")
@@ -146,14 +116,14 @@ def _allocation_candidates(
     options: SearchOptions,
     started: float,
 ) -> tuple[list[Candidate], bool]:
-    candidates: list[Candidate] = []
+    drafts: list[Draft | None] = []
     if not templates:
-        return candidates, False
+        return [], False
     budget = max(options.time_limit_s * 0.5, 0.05)
     free = allocate(tables, templates, max_pipelines=None, time_limit_s=budget / 4,
                     num_workers=options.num_workers)
     if free is None:
-        return candidates, False
+        return [], False
     proven = free.proven
     num_free = sum(free.counts.values())
     caps: list[int | None] = [None]
@@ -173,8 +143,8 @@ def _allocation_candidates(
                 continue
             proven = proven and found.proven
             pipelines = [subset[k] for k, n in sorted(found.counts.items()) for _ in range(n)]
-            candidates.extend(assemble(tables, pipelines, f"CP-SAT allocation, cap {cap_value}"))
-    return candidates, proven
+            drafts.append(draft(tables, pipelines, f"CP-SAT allocation, cap {cap_value}"))
+    return best_realized(tables, drafts, 2 * options.finalists), proven
 
 
 def _sync_filtered(
@@ -202,7 +172,7 @@ def _judge(
     ranked = sorted(candidates, key=lambda c: c.quick_s)
     finalists = ranked[: options.finalists]
     for group in baselines.values():
-        finalists.extend(sorted(group, key=lambda c: c.quick_s)[:2])
+        finalists.extend(sorted(group, key=lambda c: c.quick_s)[:4])
     best: Candidate | None = None
     best_eval: Evaluation | None = None
     judged: dict[int, Evaluation] = {}

@@ -13,18 +13,16 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from planner.documents import Schedule
-from planner.search.api import Candidate, assemble
-from planner.search.assemble import PlacementStyle, build_plan, place
-from planner.search.quick import estimate_sync_s
+from planner.search.drafts import Candidate, Draft, best_realized, draft, identical_draft
 from planner.search.tables import ResourceClass, ScenarioTables
 from planner.search.templates import PipelineTemplate, StageShape, fixed_template
 
 __all__ = ["even_bounds", "baseline_candidates"]
 
-KEEP = 3  # candidates of each baseline handed to the full estimator
+KEEP = 6  # drafts of each baseline handed to the full estimator
 
 
 def even_bounds(num_layers: int, num_stages: int) -> list[int]:
@@ -39,44 +37,19 @@ def even_bounds(num_layers: int, num_stages: int) -> list[int]:
 def baseline_candidates(
     tables: ScenarioTables, templates: list[PipelineTemplate]
 ) -> dict[str, list[Candidate]]:
+    """Placed candidates of each baseline, best first by the quick estimate."""
     return {
-        "homogeneous": _placed(tables, _homogeneous(tables), "homogeneous baseline"),
-        "unaware": _placed(tables, _unaware(tables), "unaware baseline"),
-        "per_type": sorted(_per_type(tables, templates), key=lambda c: c.quick_s)[:KEEP],
+        "homogeneous": best_realized(tables, _homogeneous(tables), KEEP),
+        "unaware": best_realized(tables, _unaware(tables), KEEP),
+        "per_type": best_realized(tables, _per_type(tables, templates), KEEP),
     }
 
 
-Identical = tuple[float, PipelineTemplate, int, int]
-"""(quick estimate, template, pipelines, micro-batches each)"""
-
-
-def _placed(tables: ScenarioTables, options: Iterator[Identical], origin: str) -> list[Candidate]:
-    """Place the most promising identical-pipeline options, both ways."""
-    out: list[Candidate] = []
-    for _quick, template, n, m in sorted(options, key=lambda o: o[0]):
-        pipelines = [template] * n
-        for style in (PlacementStyle(stage_major=False), PlacementStyle(stage_major=True)):
-            gpus = place(tables, pipelines, style)
-            if gpus is not None:
-                sync = estimate_sync_s(tables, pipelines, gpus)
-                out.append(Candidate(plan=build_plan(pipelines, [m] * n, gpus,
-                                                     tables.scenario.job.schedule),
-                                     quick_s=template.time_s(m) + sync, origin=origin))
-        if len(out) >= 2 * KEEP:
-            break
-    return out
-
-
-def _identical(tables: ScenarioTables, template: PipelineTemplate, most: int) -> Iterator[Identical]:
-    """Up to `most` copies of one template, each with the same micro-batch count."""
-    batch = tables.scenario.job.global_batch_size
-    for n in range(most, 0, -1):
-        if batch % (n * template.micro_batch):
-            continue
-        m = batch // (n * template.micro_batch)
-        if template.max_micro_batches is not None and m > template.max_micro_batches:
-            continue
-        yield template.time_s(m) + template.sync_s(n), template, n, m
+def _identical(
+    tables: ScenarioTables, template: PipelineTemplate, counts: Iterable[int], origin: str
+) -> Iterator[Draft | None]:
+    for n in counts:
+        yield identical_draft(tables, template, n, origin)
 
 
 def _shapes(tables: ScenarioTables) -> Iterator[tuple[int, int]]:
@@ -84,7 +57,7 @@ def _shapes(tables: ScenarioTables) -> Iterator[tuple[int, int]]:
     yield from sorted({(b, tp) for (_, b, tp) in tables.points})
 
 
-def _homogeneous(tables: ScenarioTables) -> Iterator[Identical]:
+def _homogeneous(tables: ScenarioTables) -> Iterator[Draft | None]:
     schedule = tables.scenario.job.schedule
     by_type: dict[str, list[ResourceClass]] = {}
     for cls in tables.classes:
@@ -96,14 +69,19 @@ def _homogeneous(tables: ScenarioTables) -> Iterator[Identical]:
                 continue
             for depth in range(1, min(tables.num_layers, cls.slots(tp)) + 1):
                 shapes = [StageShape(resource=cls.key, tp=tp)] * depth
+                most = cls.slots(tp) // depth
+                # Under ZeRO the state shrinks with the number of pipelines: check at the most.
                 template = fixed_template(tables, schedule, shapes, b,
-                                          even_bounds(tables.num_layers, depth))
+                                          even_bounds(tables.num_layers, depth),
+                                          same_node_links=depth * tp <= cls.largest_node,
+                                          num_pipelines=max(most, 1))
                 if template is None:
                     continue
-                yield from _identical(tables, template, cls.slots(tp) // depth)
+                yield from _identical(tables, template, range(most, 0, -1),
+                                      f"homogeneous baseline ({gpu_type})")
 
 
-def _unaware(tables: ScenarioTables) -> Iterator[Identical]:
+def _unaware(tables: ScenarioTables) -> Iterator[Draft | None]:
     """Identical pipelines over every GPU: each takes the same share of every class."""
     schedule: Schedule = tables.scenario.job.schedule
     gpus = Counter({c.key: c.num_gpus for c in tables.classes})
@@ -122,10 +100,12 @@ def _unaware(tables: ScenarioTables) -> Iterator[Identical]:
             for order in _type_orders(tables, list(per_pipeline)):
                 shapes = [StageShape(resource=key, tp=tp)
                           for key in order for _ in range(per_pipeline[key])]
+                fits_node = all(per_pipeline[c.key] * tp <= c.largest_node for c in tables.classes)
                 template = fixed_template(tables, schedule, shapes, b,
-                                          even_bounds(tables.num_layers, depth))
+                                          even_bounds(tables.num_layers, depth),
+                                          same_node_links=fits_node, num_pipelines=n)
                 if template is not None:
-                    yield from (o for o in _identical(tables, template, n) if o[2] == n)
+                    yield from _identical(tables, template, [n], "unaware baseline")
 
 
 def _type_orders(
@@ -138,7 +118,7 @@ def _type_orders(
     return [tuple(by_memory), tuple(reversed(by_memory))]
 
 
-def _per_type(tables: ScenarioTables, templates: list[PipelineTemplate]) -> Iterator[Candidate]:
+def _per_type(tables: ScenarioTables, templates: list[PipelineTemplate]) -> Iterator[Draft | None]:
     """Each class filled with copies of one of its best homogeneous templates."""
     options: list[list[tuple[PipelineTemplate, int]]] = []
     for cls in tables.classes:
@@ -153,4 +133,4 @@ def _per_type(tables: ScenarioTables, templates: list[PipelineTemplate]) -> Iter
     options = [o for o in options if o]
     for combo in itertools.product(*options):
         pipelines = [t for t, copies in combo for _ in range(copies)]
-        yield from assemble(tables, pipelines, "per-type baseline")
+        yield draft(tables, pipelines, "per-type baseline")

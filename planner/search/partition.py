@@ -10,6 +10,7 @@ fit beside the reserved memory (section 4).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -87,13 +88,8 @@ class SuffixSweep:
         bounds = [0]
         for k in range(num_stages, 0, -1):
             bounds.append(int(self.choice[k - 1][bounds[-1]]))
-        stage_s = []
-        for s in range(num_stages):
-            k = num_stages - s
-            link_out = self.specs[k - 2].link_in if k > 1 else None
-            cost, _ = self._stage_matrix(self.specs[k - 1], link_out)
-            stage_s.append(float(cost[bounds[s], bounds[s + 1]]))
-        return Partition(bounds=tuple(bounds), stage_s=tuple(stage_s))
+        return fixed_partition(self.tables, self.specs[:num_stages], bounds,
+                               blocking=self.blocking, num_pipelines=self.num_pipelines)
 
     def _stage_matrix(
         self, spec: StageSpec, link_out: LinkCost | None
@@ -109,8 +105,7 @@ class SuffixSweep:
             compute = compute + 2.0 * (x_in[:, None] + x_out[None, :])
         state = (tables.params[None, :] - tables.params[:, None]) / point.tp * self._state_per_param
         acts = (point.activation_bytes[None, :] - point.activation_bytes[:, None]) * spec.in_flight
-        fits = (state + acts <= tables.capacity_bytes[point.gpu_type]) & np.triu(
-            np.ones((size, size), dtype=bool), k=1)
+        fits = (state + acts <= tables.capacity_bytes[point.gpu_type]) & _upper(size)
         if spec.link_in is None:
             fits[1:, :] = False
         return compute, fits
@@ -150,6 +145,14 @@ def fixed_partition(
                                     * point.micro_batch / link.bytes_per_s)
         stage_s.append(seconds)
     return Partition(bounds=tuple(bounds), stage_s=tuple(stage_s))
+
+
+@functools.cache
+def _upper(size: int) -> np.ndarray:
+    """Ranges [j, e) with j < e."""
+    mask = np.triu(np.ones((size, size), dtype=bool), k=1)
+    mask.flags.writeable = False
+    return mask
 
 
 def _transfer_row(

@@ -12,11 +12,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from planner.documents import Node
+from planner.documents import Node, Scenario
 from planner.search.tables import ScenarioTables
 from planner.search.templates import PipelineTemplate
 
-__all__ = ["estimate_sync_s"]
+__all__ = ["estimate_sync_s", "rough_sync_s"]
 
 
 def estimate_sync_s(
@@ -54,6 +54,42 @@ def estimate_sync_s(
     latency = np.empty(num_layers)
     for layer, names in enumerate(holder_nodes):
         bandwidth[layer], latency[layer] = _ring(scenario, [by_name[x] for x in names], share)
+    return _worst_stage(tables, templates, n, bandwidth, latency)
+
+
+def rough_sync_s(tables: ScenarioTables, templates: Sequence[PipelineTemplate]) -> float:
+    """Sync before placement: every class's nodes fully used, rings always between nodes."""
+    n = len(templates)
+    if n <= 1:
+        return 0.0
+    distinct = list({id(t): t for t in templates}.values())
+    holders: list[set[tuple[str, str | None]]] = [set() for _ in range(tables.num_layers)]
+    for t in distinct:
+        bounds = t.partition.bounds
+        for s, shape in enumerate(t.stages):
+            for layer in range(bounds[s], bounds[s + 1]):
+                holders[layer].add(shape.resource)
+    first = {c.key: c.nodes[0] for c in tables.classes}
+    share = {c.nodes[0].name: min(min(1.0, x.num_nics / x.gpus) for x in c.nodes)
+             for c in tables.classes}
+    bandwidth = np.empty(tables.num_layers)
+    latency = np.empty(tables.num_layers)
+    for layer, keys in enumerate(holders):
+        nodes = [first[k] for k in keys]
+        if len(nodes) == 1:  # n holders of one class: still a ring between nodes
+            nodes = nodes * 2
+        bandwidth[layer], latency[layer] = _ring(tables.scenario, nodes, share)
+    return _worst_stage(tables, distinct, n, bandwidth, latency)
+
+
+def _worst_stage(
+    tables: ScenarioTables,
+    templates: Sequence[PipelineTemplate],
+    n: int,
+    bandwidth: np.ndarray,
+    latency: np.ndarray,
+) -> float:
+    scenario = tables.scenario
     params = np.diff(tables.params)
     grad_bytes = scenario.job.grad_bytes
     data = np.concatenate(([0.0], np.cumsum(params * grad_bytes / bandwidth)))
@@ -69,7 +105,7 @@ def estimate_sync_s(
     return worst
 
 
-def _ring(scenario, nodes: list[Node], share: dict[str, float]) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+def _ring(scenario: Scenario, nodes: list[Node], share: dict[str, float]) -> tuple[float, float]:
     if len(nodes) == 1:
         link = scenario.cluster.intra_node[nodes[0].gpu_type]
         return link.bandwidth_gb_per_s * 1e9, link.latency_us * 1e-6

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from planner.documents import Schedule
@@ -45,10 +45,10 @@ class StageShape:
 class TemplateLimits:
     max_stages: int = 64
     """Deepest pipeline considered."""
-    max_points_per_class: int = 3
+    max_points_per_class: int = 2
     """(micro_batch, tp) points per class kept for two-segment templates."""
-    max_tail_stages: int = 8
-    """Stages of the back segment of two-segment templates."""
+    tail_stage_counts: tuple[int, ...] = (1, 2, 3, 4, 6, 8)
+    """Stage counts of the back segment of two-segment templates."""
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -106,6 +106,7 @@ class _Context:
         self.schedule = schedule
         self.blocking = self.scenario.job.blocking_transfers
         self.by_key = {c.key: c for c in tables.classes}
+        self._rings: dict[ClassKey, tuple[float, float]] = {}
 
     def link(self, front: ClassKey, back: ClassKey, *, same_node: bool) -> LinkCost:
         cluster = self.scenario.cluster
@@ -120,10 +121,12 @@ class _Context:
 
     def ring(self, resource: ClassKey) -> tuple[float, float]:
         """(bytes/s, latency s) of a sync ring among holders of one class on different nodes."""
-        nodes = self.by_key[resource].nodes
-        share = min(min(1.0, n.num_nics / n.gpus) for n in nodes)
-        link = self.scenario.cluster.inter_node
-        return link.bandwidth_gb_per_s * 1e9 * share, link.latency_us * 1e-6
+        if resource not in self._rings:
+            nodes = self.by_key[resource].nodes
+            share = min(min(1.0, n.num_nics / n.gpus) for n in nodes)
+            link = self.scenario.cluster.inter_node
+            self._rings[resource] = (link.bandwidth_gb_per_s * 1e9 * share, link.latency_us * 1e-6)
+        return self._rings[resource]
 
     def stage_spec(self, shape: StageShape, b: int, k: int, link_in: LinkCost | None) -> StageSpec:
         in_flight = k if self.schedule is Schedule.ONE_F_ONE_B else 1
@@ -143,7 +146,8 @@ def generate_templates(
     ctx = _Context(tables, schedule)
     homogeneous = list(_homogeneous(ctx, num_pipelines_hint, limits))
     best_points = _best_points(homogeneous, limits.max_points_per_class)
-    mixed = list(_two_segment(ctx, best_points, num_pipelines_hint, limits))
+    deepest = _deepest_useful(homogeneous)
+    mixed = list(_two_segment(ctx, best_points, deepest, num_pipelines_hint, limits))
     return homogeneous + mixed
 
 
@@ -167,10 +171,8 @@ def _homogeneous(
                 inner = same_node and k * tp <= cls.largest_node
                 link = ctx.link(cls.key, cls.key, same_node=inner)
                 sweep.push(ctx.stage_spec(shape, b, k, link))
-            for depth in range(1, max_stages + 1):
-                template = _template(ctx, sweep, depth, b, [shape] * depth)
-                if template is not None:
-                    yield template
+            yield from _useful_depths(ctx, sweep, range(1, max_stages + 1), b,
+                                      lambda depth, shape=shape: [shape] * depth)
 
 
 def _best_points(
@@ -189,9 +191,19 @@ def _best_points(
     return {r: [(b, tp) for _, b, tp in sorted(v, reverse=True)[:keep]] for r, v in ranked.items()}
 
 
+def _deepest_useful(templates: list[PipelineTemplate]) -> dict[tuple[ClassKey, int, int], int]:
+    """Per (class, micro_batch, tp): the deepest homogeneous pipeline that still paid off."""
+    deepest: dict[tuple[ClassKey, int, int], int] = {}
+    for t in templates:
+        key = (t.stages[0].resource, t.micro_batch, t.stages[0].tp)
+        deepest[key] = max(deepest.get(key, 0), t.num_stages)
+    return deepest
+
+
 def _two_segment(
     ctx: _Context,
     best_points: dict[ClassKey, list[tuple[int, int]]],
+    deepest: dict[tuple[ClassKey, int, int], int],
     num_pipelines: int,
     limits: TemplateLimits,
 ) -> Iterator[PipelineTemplate]:
@@ -206,7 +218,7 @@ def _two_segment(
                 if not front_tps:
                     continue
                 yield from _two_segment_family(
-                    ctx, front, back, b, tp_back, front_tps, num_pipelines, limits)
+                    ctx, front, back, b, tp_back, front_tps, deepest, num_pipelines, limits)
 
 
 def _two_segment_family(
@@ -216,21 +228,25 @@ def _two_segment_family(
     b: int,
     tp_back: int,
     front_tps: list[int],
+    deepest: dict[tuple[ClassKey, int, int], int],
     num_pipelines: int,
     limits: TemplateLimits,
 ) -> Iterator[PipelineTemplate]:
     back_shape = StageShape(resource=back.key, tp=tp_back)
-    max_back = min(limits.max_tail_stages, back.slots(tp_back), ctx.tables.num_layers - 1)
+    max_back = min(max(limits.tail_stage_counts), back.slots(tp_back), ctx.tables.num_layers - 1)
     sweep = SuffixSweep(ctx.tables, blocking=ctx.blocking, num_pipelines=num_pipelines)
     crossing = ctx.link(front.key, back.key, same_node=False)
     for num_back in range(1, max_back + 1):
         inner = (num_back + 1) * tp_back <= back.largest_node and tp_back * 2 <= back.largest_node
         sweep.push(ctx.stage_spec(back_shape, b, num_back, ctx.link(back.key, back.key,
                                                                      same_node=inner)))
+        if num_back not in limits.tail_stage_counts:
+            continue
         for tp_front in front_tps:
             front_shape = StageShape(resource=front.key, tp=tp_front)
             max_front = min(limits.max_stages - num_back, front.slots(tp_front),
-                            ctx.tables.num_layers - num_back)
+                            ctx.tables.num_layers - num_back,
+                            deepest.get((front.key, b, tp_front), 1) + 1)
             branch = copy.copy(sweep)
             branch.best, branch.choice, branch.specs = (
                 list(sweep.best), list(sweep.choice), list(sweep.specs))
@@ -242,10 +258,31 @@ def _two_segment_family(
                 inner = (k + 1) * tp_front <= front.largest_node and tp_front * 2 <= front.largest_node
                 link = ctx.link(front.key, front.key, same_node=inner)
                 branch.push(ctx.stage_spec(front_shape, b, num_back + k, link))
-                stages = [front_shape] * k + [back_shape] * num_back
-                template = _template(ctx, branch, num_back + k, b, stages)
-                if template is not None:
-                    yield template
+            yield from _useful_depths(
+                ctx, branch, range(num_back + 1, num_back + max_front + 1), b,
+                lambda depth, f=front_shape, n=num_back: [f] * (depth - n) + [back_shape] * n)
+
+
+IMPROVEMENT = 0.98
+"""A deeper pipeline is worth its GPUs only if its bottleneck is at least 2% lower."""
+
+
+def _useful_depths(
+    ctx: _Context,
+    sweep: SuffixSweep,
+    depths: range,
+    b: int,
+    stages_of: Callable[[int], list[StageShape]],
+) -> Iterator[PipelineTemplate]:
+    best = math.inf
+    for depth in depths:
+        bottleneck = sweep.depth_bottleneck(depth)
+        if not bottleneck < best * IMPROVEMENT:
+            continue
+        template = _template(ctx, sweep, depth, b, stages_of(depth))
+        if template is not None:
+            best = bottleneck
+            yield template
 
 
 def _recompute_front_edge(sweep: SuffixSweep) -> None:
@@ -315,6 +352,7 @@ def fixed_template(
     bounds: list[int],
     *,
     same_node_links: bool = False,
+    num_pipelines: int = 1,
 ) -> PipelineTemplate | None:
     """A template with a given layer split (the even splits of the baselines)."""
     ctx = _Context(tables, schedule)
@@ -328,7 +366,8 @@ def fixed_template(
         same = same_node_links and front.resource == shape.resource
         specs.append(ctx.stage_spec(shape, b, k, ctx.link(front.resource, shape.resource,
                                                           same_node=same)))
-    part = fixed_partition(tables, specs, bounds, blocking=ctx.blocking, num_pipelines=1)
+    part = fixed_partition(tables, specs, bounds, blocking=ctx.blocking,
+                           num_pipelines=num_pipelines)
     if part is None:
         return None
     return _template_from_partition(ctx, specs, part, b, stages)

@@ -1,0 +1,405 @@
+"""Plans written for the launchers people run: torchrun, torch.distributed.pipelining,
+Megatron-LM and DeepSpeed.
+
+Every export starts from the rank map (`planner.export.ranks`), so the ranks a
+format's launcher creates are the ranks the plan means. A format that cannot
+express something the plan uses raises `UnsupportedExport` listing every such
+thing at once, so one reading tells what to change in the plan.
+
+Layer kinds: a plan names layers by index only. Exports that name modules
+(Megatron's layout, pipelining's module names) take `layer_kinds`; by default
+layer 0 is the embedding, the last layer the head, and the others blocks, as in
+every hetplan scenario.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from planner.documents import Plan, Schedule
+from planner.errors import UnsupportedExport
+from planner.export.ranks import RankMap, build_rank_map
+
+__all__ = [
+    "FORMATS",
+    "DEFAULT_MASTER_PORT",
+    "export_plan",
+    "export_torchrun",
+    "export_pipelining",
+    "export_megatron",
+    "export_deepspeed",
+]
+
+DEFAULT_MASTER_PORT = 29500
+EMBEDDING, BLOCK, HEAD = "embedding", "block", "head"
+
+# torch.distributed.pipelining's class for each plan schedule.
+PIPELINING_SCHEDULES = {Schedule.ONE_F_ONE_B: "Schedule1F1B", Schedule.GPIPE: "ScheduleGPipe"}
+
+
+def _schedule(plan: Plan) -> Schedule:
+    # A plan without a schedule runs the scenario job's, whose default is 1f1b.
+    return plan.schedule or Schedule.ONE_F_ONE_B
+
+
+def _kinds(num_layers: int, layer_kinds: Sequence[str] | None) -> list[str]:
+    if layer_kinds is None:
+        if num_layers < 2:
+            return [BLOCK] * num_layers
+        return [EMBEDDING, *([BLOCK] * (num_layers - 2)), HEAD]
+    if len(layer_kinds) != num_layers:
+        raise ValueError(
+            f"layer_kinds has {len(layer_kinds)} entries but the plan has {num_layers} layers; "
+            "pass the scenario's model.layers"
+        )
+    return list(layer_kinds)
+
+
+# ---------------------------------------------------------------- torchrun
+
+
+def export_torchrun(
+    plan: Plan,
+    *,
+    master_addr: str | None = None,
+    master_port: int = DEFAULT_MASTER_PORT,
+    training_module: str = "launcher.train",
+    plan_path: str = "plan.json",
+    script_args: Sequence[str] = (),
+) -> dict[str, Any]:
+    """One `torchrun` command per node. Static rendezvous (`--node-rank`) is what makes
+    torchrun's global ranks equal the rank map's: a c10d rendezvous would number nodes
+    in arrival order."""
+    ranks = build_rank_map(plan)
+    addr = master_addr or ranks.nodes[0].name
+    commands = []
+    for node in ranks.nodes:
+        visible = ",".join(str(i) for i in node.device_indices)
+        argv = [
+            "torchrun", f"--nnodes={len(ranks.nodes)}", f"--nproc-per-node={node.num_processes}",
+            f"--node-rank={node.node_rank}", "--rdzv-backend=static",
+            f"--master-addr={addr}", f"--master-port={master_port}",
+            "-m", training_module, "--plan", plan_path, *script_args,
+        ]
+        commands.append({
+            "node": node.name, "node_rank": node.node_rank, "nproc_per_node": node.num_processes,
+            "first_rank": node.first_rank, "env": {"CUDA_VISIBLE_DEVICES": visible},
+            "argv": argv, "command": f"CUDA_VISIBLE_DEVICES={visible} " + " ".join(argv),
+        })
+    return {
+        "format": "torchrun",
+        "world_size": ranks.world_size,
+        "master_addr": addr,
+        "master_port": master_port,
+        "nodes": commands,
+        "notes": [
+            "Run each command on its node. CUDA_VISIBLE_DEVICES lists the plan's GPUs of the "
+            "node in local-rank order, so local rank k uses cuda:k.",
+            "Nodes may run different numbers of processes; torchrun numbers ranks node by "
+            "node in --node-rank order, which is the rank map's order.",
+        ],
+    }
+
+
+# ---------------------------------------------------------------- pipelining
+
+
+def _torchtitan_names(kinds: Sequence[str], layers: tuple[int, int]) -> list[str]:
+    """Module names in torchtitan's decoder (tok_embeddings, layers.<block>, norm, output)."""
+    names, block = [], sum(1 for kind in kinds[: layers[0]] if kind == BLOCK)
+    for kind in kinds[layers[0]: layers[1]]:
+        if kind == EMBEDDING:
+            names.append("tok_embeddings")
+        elif kind == HEAD:
+            names.extend(["norm", "output"])
+        else:
+            names.append(f"layers.{block}")
+            block += 1
+    return names
+
+
+def export_pipelining(plan: Plan, *, layer_kinds: Sequence[str] | None = None) -> dict[str, Any]:
+    """Per pipeline: a schedule class, its stages' layer ranges and module names, and the
+    process groups; the gradient sync across pipelines is left to the caller (pipelining
+    has no data parallelism of its own), given here as the rank map's sync groups."""
+    ranks = build_rank_map(plan)
+    kinds = _kinds(ranks.num_layers, layer_kinds)
+    reasons = [
+        f"pipelines[{p}] mixes TP degrees {[s.tp for s in pipeline.stages]}; a PipelineStage "
+        "group links one rank per stage, so every stage of a pipeline needs the same TP degree"
+        for p, pipeline in enumerate(plan.pipelines)
+        if len({s.tp for s in pipeline.stages}) > 1
+    ]
+    if reasons:
+        raise UnsupportedExport("pipelining", reasons)
+    schedule_class = PIPELINING_SCHEDULES[_schedule(plan)]
+    pipelines = []
+    for p, pipeline in enumerate(plan.pipelines):
+        stage_ranks = [ranks.stage_ranks(p, s) for s in range(len(pipeline.stages))]
+        pipelines.append({
+            "pipeline": p,
+            "schedule_class": schedule_class,
+            "n_microbatches": pipeline.num_micro_batches,
+            "micro_batch_size": pipeline.micro_batch_size,
+            "batch_share": ranks.pipelines[p].batch_share,
+            "num_stages": len(pipeline.stages),
+            "split_points": [stage.layers[0] for stage in pipeline.stages[1:]],
+            # One PipelineStage group per TP rank: stage s's k-th GPU talks to stage s+1's k-th.
+            "pp_groups": [list(group) for group in zip(*stage_ranks, strict=True)],
+            "stages": [
+                {"stage_index": s, "layers": list(stage.layers), "tp_size": stage.tp,
+                 "ranks": list(stage_ranks[s]), "gpu_type": stage.gpu_type,
+                 "module_names": _torchtitan_names(kinds, stage.layers)}
+                for s, stage in enumerate(pipeline.stages)
+            ],
+        })
+    return {
+        "format": "pipelining",
+        "schedule": _schedule(plan).value,
+        "world_size": ranks.world_size,
+        "pipelines": pipelines,
+        "gradient_sync": [
+            {"layers": list(g.layers), "kind": g.kind,
+             "rank_groups": [list(group) for group in g.rank_groups]}
+            for g in ranks.sync_groups
+        ],
+        "notes": [
+            "Build each pipeline's stages with PipelineStage(submodule, stage_index, num_stages, "
+            "device, group=<its pp group>) and run schedule_class(stage, n_microbatches, "
+            "loss_fn).step(...) on it.",
+            "The schedules average gradients over micro-batches (scale_grads=True); multiply a "
+            "pipeline's gradients by its batch_share, then all-reduce (sum) each layer's "
+            "gradients over its gradient_sync groups before the optimizer step.",
+        ],
+    }
+
+
+# ---------------------------------------------------------------- Megatron / DeepSpeed
+
+
+def _uniform_reasons(plan: Plan, fmt: str) -> list[str]:
+    """What a plan uses that a framework with one (TP, PP, DP) grid and 1F1B lacks."""
+    reasons = []
+    tps = sorted({s.tp for p in plan.pipelines for s in p.stages})
+    if len(tps) > 1:
+        reasons.append(f"mixed TP degrees {tps}; {fmt} uses one TP degree for every stage")
+    depths = [len(p.stages) for p in plan.pipelines]
+    if len(set(depths)) > 1:
+        reasons.append(f"pipelines of different depths {depths}; {fmt} uses one PP degree")
+    splits = [[s.layers[0] for s in p.stages[1:]] for p in plan.pipelines]
+    if len(set(depths)) == 1 and any(split != splits[0] for split in splits):
+        reasons.append(f"asymmetric pipelines: stage boundaries differ {splits}; {fmt}'s "
+                       "data-parallel replicas all split the model the same way")
+    micro_batches = [p.micro_batch_size for p in plan.pipelines]
+    if len(set(micro_batches)) > 1:
+        reasons.append(f"mixed micro-batch sizes {micro_batches}; {fmt} uses one for all replicas")
+    counts = [p.num_micro_batches for p in plan.pipelines]
+    if len(set(counts)) > 1:
+        reasons.append(f"mixed micro-batch counts {counts}; {fmt} gives every data-parallel "
+                       "replica the same number of micro-batches")
+    if _schedule(plan) is not Schedule.ONE_F_ONE_B:
+        reasons.append(f"schedule {_schedule(plan).value!r}; {fmt}'s pipeline engine runs 1F1B")
+    return reasons
+
+
+# Rank orders a (TP, PP, DP) grid can use, fastest-varying first.
+TP_DP_PP, TP_PP_DP = "tp-dp-pp", "tp-pp-dp"
+
+
+def _grid_rank(order: str, tp_rank: int, pipeline: int, stage: int, tp: int, pp: int,
+               dp: int) -> int:
+    if order == TP_DP_PP:
+        return tp_rank + tp * pipeline + tp * dp * stage
+    return tp_rank + tp * stage + tp * pp * pipeline
+
+
+def _grid_placement(plan: Plan, ranks: RankMap, order: str
+                    ) -> tuple[list[dict[str, Any]], list[str]]:
+    """Per node, the grid ranks it holds in `order`; a reason for each node whose ranks are
+    not one contiguous block, which torchrun requires (it numbers ranks node by node)."""
+    tp, pp, dp = plan.pipelines[0].stages[0].tp, len(plan.pipelines[0].stages), len(plan.pipelines)
+    grid_rank_of: dict[str, int] = {}
+    for p, pipeline in enumerate(plan.pipelines):
+        for s, stage in enumerate(pipeline.stages):
+            for k, gpu in enumerate(stage.gpus):
+                grid_rank_of[gpu] = _grid_rank(order, k, p, s, tp, pp, dp)
+    nodes, reasons = [], []
+    for node in ranks.nodes:
+        gpus = [f"{node.name}:{i}" for i in node.device_indices]
+        held = sorted(grid_rank_of[g] for g in gpus)
+        if held != list(range(held[0], held[0] + len(held))):
+            reasons.append(f"placement: node {node.name} would hold ranks {held}, not one "
+                           f"contiguous block in {order} order, as torchrun requires")
+        by_rank = sorted(gpus, key=grid_rank_of.__getitem__)
+        nodes.append({"node": node.name, "first_rank": held[0], "nproc_per_node": len(held),
+                      "CUDA_VISIBLE_DEVICES": ",".join(g.rpartition(":")[2] for g in by_rank)})
+    nodes.sort(key=lambda n: n["first_rank"])
+    for node_rank, entry in enumerate(nodes):
+        entry["node_rank"] = node_rank
+    return nodes, reasons
+
+
+def _placement_in_some_order(plan: Plan, ranks: RankMap
+                             ) -> tuple[str, list[dict[str, Any]], list[str]]:
+    """The first rank order in which every node holds a contiguous block, else the reasons
+    for the default order."""
+    default_nodes, default_reasons = _grid_placement(plan, ranks, TP_DP_PP)
+    if not default_reasons:
+        return TP_DP_PP, default_nodes, []
+    nodes, reasons = _grid_placement(plan, ranks, TP_PP_DP)
+    if not reasons:
+        return TP_PP_DP, nodes, []
+    return TP_DP_PP, default_nodes, [
+        *default_reasons,
+        f"placement: the {TP_PP_DP} order does not give contiguous node blocks either",
+    ]
+
+
+def _kind_reasons(kinds: Sequence[str], fmt: str) -> list[str]:
+    standard = (len(kinds) >= 2 and kinds[0] == EMBEDDING and kinds[-1] == HEAD
+                and set(kinds[1:-1]) <= {BLOCK})
+    if standard:
+        return []
+    return [f"layer kinds {list(kinds)}; {fmt} builds embedding, blocks, head in that order"]
+
+
+def _megatron_layout(kinds: Sequence[str], plan: Plan) -> str:
+    letters = {EMBEDDING: "E", BLOCK: "t", HEAD: "L"}
+    return "|".join("".join(letters[k] for k in kinds[s.layers[0]: s.layers[1]])
+                    for s in plan.pipelines[0].stages)
+
+
+def _megatron_split_args(blocks_per_stage: list[int], layout: str) -> list[str]:
+    num_stages = len(blocks_per_stage)
+    if num_stages == 1 or len(set(blocks_per_stage)) == 1:
+        return []  # Megatron's default even split
+    first, *middle, last = blocks_per_stage
+    if first > 0 and last > 0 and len(set(middle)) <= 1:
+        # Older Megatron-LM (core >= 0.9) flags; middle stages share what is left evenly.
+        return ["--decoder-first-pipeline-num-layers", str(first),
+                "--decoder-last-pipeline-num-layers", str(last)]
+    # Stages without blocks or uneven middles: only the layout flag (newer Megatron-LM) says so.
+    return ["--pipeline-model-parallel-layout", layout]
+
+
+def export_megatron(plan: Plan, *, layer_kinds: Sequence[str] | None = None) -> dict[str, Any]:
+    """Megatron-LM arguments for a plan whose pipelines are identical replicas."""
+    ranks = build_rank_map(plan)
+    kinds = _kinds(ranks.num_layers, layer_kinds)
+    reasons = _uniform_reasons(plan, "Megatron-LM") + _kind_reasons(kinds, "Megatron-LM")
+    if not reasons:
+        order, nodes, placement_reasons = _placement_in_some_order(plan, ranks)
+        reasons += placement_reasons
+    if reasons:
+        raise UnsupportedExport("megatron", reasons)
+    first = plan.pipelines[0]
+    tp, pp, dp = first.stages[0].tp, len(first.stages), len(plan.pipelines)
+    blocks_per_stage = [sum(1 for k in kinds[s.layers[0]: s.layers[1]] if k == BLOCK)
+                        for s in first.stages]
+    num_blocks = sum(blocks_per_stage)
+    layout = _megatron_layout(kinds, plan)
+    args = [
+        "--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", str(pp),
+        "--num-layers", str(num_blocks), "--micro-batch-size", str(first.micro_batch_size),
+        "--global-batch-size", str(ranks.global_batch_size),
+        *_megatron_split_args(blocks_per_stage, layout),
+        *(["--use-tp-pp-dp-mapping"] if order == TP_PP_DP else []),
+    ]
+    return {
+        "format": "megatron",
+        "tensor_model_parallel_size": tp,
+        "pipeline_model_parallel_size": pp,
+        "data_parallel_size": dp,
+        "num_layers": num_blocks,
+        "blocks_per_stage": blocks_per_stage,
+        "pipeline_model_parallel_layout": layout,
+        "rank_order": order,
+        "args": args,
+        "nodes": nodes,
+        "notes": [
+            f"Megatron numbers ranks in {order} order (tp fastest); launch each node with "
+            "torchrun --node-rank=<node_rank> --nproc-per-node=<nproc_per_node> and its "
+            "CUDA_VISIBLE_DEVICES so that rank r lands on the plan's GPU.",
+            "GPU types do not appear: Megatron treats every GPU alike.",
+        ],
+    }
+
+
+def export_deepspeed(
+    plan: Plan, *, layer_kinds: Sequence[str] | None = None, zero_stage: int = 0
+) -> dict[str, Any]:
+    """DeepSpeed PipelineModule settings and a ds_config for a plan whose pipelines are
+    identical replicas with an even layer split."""
+    ranks = build_rank_map(plan)
+    kinds = _kinds(ranks.num_layers, layer_kinds)
+    reasons = _uniform_reasons(plan, "DeepSpeed") + _kind_reasons(kinds, "DeepSpeed")
+    layer_counts = [s.layers[1] - s.layers[0] for s in plan.pipelines[0].stages]
+    if len(set(layer_counts)) > 1:
+        # partition_method takes "uniform", "parameters" or "type:<regex>", never explicit
+        # bounds, and "uniform" spreads remainders differently across DeepSpeed versions.
+        reasons.append(f"uneven layer split {layer_counts}; DeepSpeed's PipelineModule "
+                       "partition_method cannot state explicit stage bounds, only an even split")
+    if zero_stage not in (0, 1):
+        reasons.append(f"zero_stage {zero_stage}; DeepSpeed's pipeline engine supports ZeRO 0 or 1")
+    if not reasons:
+        order, nodes, placement_reasons = _placement_in_some_order(plan, ranks)
+        reasons += placement_reasons
+    if reasons:
+        raise UnsupportedExport("deepspeed", reasons)
+    first = plan.pipelines[0]
+    tp, pp, dp = first.stages[0].tp, len(first.stages), len(plan.pipelines)
+    return {
+        "format": "deepspeed",
+        "pipeline_module": {
+            "num_stages": pp,
+            "partition_method": "uniform",
+            "layer_counts": layer_counts,
+            "layer_kinds": list(kinds),
+        },
+        # ProcessTopology lists axes slowest first; PipeModelDataParallelTopology is the
+        # tp-dp-pp case.
+        "topology": {"class": "ProcessTopology",
+                     "axes": ["pipe", "data", "model"] if order == TP_DP_PP
+                     else ["data", "pipe", "model"],
+                     "dims": [pp, dp, tp] if order == TP_DP_PP else [dp, pp, tp]},
+        "rank_order": order,
+        "ds_config": {
+            "train_batch_size": ranks.global_batch_size,
+            "train_micro_batch_size_per_gpu": first.micro_batch_size,
+            "gradient_accumulation_steps": first.num_micro_batches,
+            "zero_optimization": {"stage": zero_stage},
+        },
+        "nodes": nodes,
+        "notes": [
+            "TP inside a DeepSpeed pipeline needs a Megatron-style mpu (Megatron-DeepSpeed); "
+            "with tp > 1 pass topology to PipelineModule and build TP layers.",
+        ] if tp > 1 else [],
+    }
+
+
+# ---------------------------------------------------------------- dispatch
+
+FORMATS: dict[str, Callable[..., dict[str, Any]]] = {
+    "torchrun": export_torchrun,
+    "pipelining": export_pipelining,
+    "megatron": export_megatron,
+    "deepspeed": export_deepspeed,
+}
+
+
+def export_plan(plan: Plan, fmt: str, **options: Any) -> dict[str, Any]:
+    """`plan` written for launcher format `fmt` as a JSON-ready dict.
+
+    Raises `UnsupportedExport` listing what the plan uses that `fmt` cannot express,
+    and `ValueError` for an unknown format or option."""
+    try:
+        exporter = FORMATS[fmt]
+    except KeyError:
+        raise ValueError(f"unknown export format {fmt!r}; use one of {sorted(FORMATS)}") from None
+    known = set(exporter.__kwdefaults__ or {})
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ValueError(f"unknown option(s) {unknown} for format {fmt!r}; "
+                         f"it takes {sorted(known)}")
+    return exporter(plan, **options)

@@ -1,0 +1,98 @@
+"""Drafts: pipelines with batch shares, ranked cheaply before any GPU is named.
+
+The search produces many drafts; only the most promising are placed on
+concrete GPUs (`realize`), and only the best placed ones are judged by the
+full estimator. Each step is costlier and sees fewer plans.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from planner.documents import Plan
+from planner.search.assemble import PlacementStyle, build_plan, place, split_batch
+from planner.search.quick import estimate_sync_s, rough_sync_s
+from planner.search.tables import ScenarioTables
+from planner.search.templates import PipelineTemplate
+
+__all__ = ["Draft", "Candidate", "draft", "identical_draft", "realize", "best_realized"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Draft:
+    pipelines: tuple[PipelineTemplate, ...]
+    micro_batches: tuple[int, ...]
+    pipeline_s: float
+    sync_s: float
+    origin: str
+
+    @property
+    def rough_s(self) -> float:
+        return self.pipeline_s + self.sync_s
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """A placed plan with the search's quick estimate of its iteration time."""
+
+    plan: Plan
+    quick_s: float
+    origin: str
+
+
+def draft(tables: ScenarioTables, pipelines: Sequence[PipelineTemplate], origin: str) -> Draft | None:
+    """Water-fill the batch over `pipelines`; those that get no micro-batch are dropped."""
+    micro_batches = split_batch(pipelines, tables.scenario.job.global_batch_size)
+    if micro_batches is None:
+        return None
+    used = [(t, m) for t, m in zip(pipelines, micro_batches, strict=True) if m > 0]
+    return _draft(tables, [t for t, _ in used], [m for _, m in used], origin)
+
+
+def identical_draft(
+    tables: ScenarioTables, template: PipelineTemplate, num_pipelines: int, origin: str
+) -> Draft | None:
+    batch = tables.scenario.job.global_batch_size
+    if batch % (num_pipelines * template.micro_batch):
+        return None
+    m = batch // (num_pipelines * template.micro_batch)
+    if template.max_micro_batches is not None and m > template.max_micro_batches:
+        return None
+    return _draft(tables, [template] * num_pipelines, [m] * num_pipelines, origin)
+
+
+def _draft(
+    tables: ScenarioTables, templates: list[PipelineTemplate], counts: list[int], origin: str
+) -> Draft:
+    distinct = {id(t) for t in templates}
+    sync = (templates[0].sync_s(len(templates)) if len(distinct) == 1
+            else rough_sync_s(tables, templates))
+    return Draft(pipelines=tuple(templates), micro_batches=tuple(counts),
+                 pipeline_s=max(t.time_s(m) for t, m in zip(templates, counts, strict=True)),
+                 sync_s=sync, origin=origin)
+
+
+def realize(tables: ScenarioTables, chosen: Draft) -> list[Candidate]:
+    """Place a draft both ways: pipeline-major and stage-major."""
+    out = []
+    for style in (PlacementStyle(stage_major=False), PlacementStyle(stage_major=True)):
+        gpus = place(tables, chosen.pipelines, style)
+        if gpus is None:
+            continue
+        plan_doc = build_plan(chosen.pipelines, chosen.micro_batches, gpus,
+                              tables.scenario.job.schedule)
+        quick = chosen.pipeline_s + estimate_sync_s(tables, chosen.pipelines, gpus)
+        kind = "stage" if style.stage_major else "pipeline"
+        out.append(Candidate(plan=plan_doc, quick_s=quick,
+                             origin=f"{chosen.origin}, {kind}-major placement"))
+    return out
+
+
+def best_realized(tables: ScenarioTables, drafts: Iterable[Draft | None], keep: int) -> list[Candidate]:
+    """Realize the `keep` drafts of least rough time; their placed candidates, best first."""
+    ranked = sorted((d for d in drafts if d is not None), key=lambda d: d.rough_s)
+    out: list[Candidate] = []
+    for chosen in ranked[:keep]:
+        out.extend(realize(tables, chosen))
+    return sorted(out, key=lambda c: c.quick_s)
