@@ -26,7 +26,10 @@ from planner.costs import (
 from planner.documents import Node, Pipeline, Plan, Scenario, Schedule, Stage
 from planner.simulate import simulate_pipeline
 
-__all__ = ["StageEstimate", "PipelineEstimate", "Evaluation", "evaluate", "plan_schedule"]
+__all__ = [
+    "StageEstimate", "PipelineEstimate", "Evaluation", "evaluate", "plan_schedule",
+    "simulate_estimate",
+]
 
 
 @dataclass(kw_only=True)
@@ -61,6 +64,7 @@ class PipelineEstimate:
     T_p: float
     blocking_transfers: bool
     stages: list[StageEstimate]
+    schedule: str = Schedule.ONE_F_ONE_B.value
 
 
 @dataclass(kw_only=True)
@@ -287,6 +291,18 @@ def _simulate(
                              blocking_transfers=blocking)
 
 
+def simulate_estimate(scenario: Scenario, estimate: PipelineEstimate, num_micro_batches: int) -> float:
+    """The time of an estimated pipeline's stages run with another micro-batch count."""
+    if num_micro_batches <= 0:
+        return 0.0
+    transfers = tuple(s.transfer_to_next_s or 0.0 for s in estimate.stages[:-1])
+    schedule = Schedule(estimate.schedule)
+    return _simulate(
+        tuple(s.effective_forward_ms * 1e-3 for s in estimate.stages),
+        tuple(s.effective_backward_ms * 1e-3 for s in estimate.stages),
+        transfers, num_micro_batches, schedule, estimate.blocking_transfers)
+
+
 def _estimate_pipeline(
     scenario: Scenario,
     plan: Plan,
@@ -339,5 +355,5 @@ def _estimate_pipeline(
     return PipelineEstimate(
         index=index, micro_batch_size=b, num_micro_batches=m, samples=b * m,
         num_stages=num_stages, T_p=pipeline_s, blocking_transfers=job.blocking_transfers,
-        stages=stages,
+        stages=stages, schedule=schedule.value,
     )

@@ -21,12 +21,14 @@ from planner.errors import Infeasible
 from planner.estimate import Evaluation, evaluate
 from planner.search.allocate import allocate, pareto, prune
 from planner.search.drafts import Candidate, Draft, best_realized, draft
+from planner.search.refine import rebalance
 from planner.search.tables import ScenarioTables, compile_tables
 from planner.search.templates import PipelineTemplate, generate_templates
 
 __all__ = ["PlanStatus", "SearchOptions", "PlanResult", "plan"]
 
 PLANNER_VERSION = "0.1.0"
+REFINED = 3  # best finalists whose batch shares are then set by exact simulation
 
 ProgressCallback = Callable[[float, str], None]
 """Called with (fraction done in [0, 1], what the search is doing)."""
@@ -173,18 +175,29 @@ def _judge(
     finalists = ranked[: options.finalists]
     for group in baselines.values():
         finalists.extend(sorted(group, key=lambda c: c.quick_s)[:4])
-    best: Candidate | None = None
-    best_eval: Evaluation | None = None
     judged: dict[int, Evaluation] = {}
+    valid: list[tuple[float, Candidate, Evaluation]] = []
     for candidate in finalists:
         if id(candidate) in judged:
             continue
         evaluation = evaluate(scenario, candidate.plan)
         judged[id(candidate)] = evaluation
-        if evaluation.valid and evaluation.iteration_s is not None and (
-                best_eval is None or best_eval.iteration_s is None
-                or evaluation.iteration_s < best_eval.iteration_s):
-            best, best_eval = candidate, evaluation
+        if evaluation.valid and evaluation.iteration_s is not None:
+            valid.append((evaluation.iteration_s, candidate, evaluation))
+    valid.sort(key=lambda v: v[0])
+    for _, candidate, evaluation in valid[:REFINED]:
+        balanced = rebalance(scenario, candidate.plan, evaluation)
+        if balanced is None:
+            continue
+        again = evaluate(scenario, balanced)
+        if again.valid and again.iteration_s is not None:
+            valid.append((again.iteration_s, Candidate(
+                plan=balanced, quick_s=again.iteration_s,
+                origin=f"{candidate.origin}, exact batch shares"), again))
+    best: Candidate | None = None
+    best_eval: Evaluation | None = None
+    if valid:
+        _, best, best_eval = min(valid, key=lambda v: v[0])
     rates: dict[str, float | None] = {}
     for name, group in baselines.items():
         values = [judged[id(c)].samples_per_s for c in group

@@ -10,6 +10,7 @@ behind), which is what per-type data parallelism cannot express.
 from __future__ import annotations
 
 import copy
+import functools
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -172,7 +173,7 @@ def _homogeneous(
                 link = ctx.link(cls.key, cls.key, same_node=inner)
                 sweep.push(ctx.stage_spec(shape, b, k, link))
             yield from _useful_depths(ctx, sweep, range(1, max_stages + 1), b,
-                                      lambda depth, shape=shape: [shape] * depth)
+                                      functools.partial(_segments, shape, None, 0))
 
 
 def _best_points(
@@ -260,7 +261,15 @@ def _two_segment_family(
                 branch.push(ctx.stage_spec(front_shape, b, num_back + k, link))
             yield from _useful_depths(
                 ctx, branch, range(num_back + 1, num_back + max_front + 1), b,
-                lambda depth, f=front_shape, n=num_back: [f] * (depth - n) + [back_shape] * n)
+                functools.partial(_segments, front_shape, back_shape, num_back))
+
+
+def _segments(
+    front: StageShape, back: StageShape | None, num_back: int, depth: int
+) -> list[StageShape]:
+    """Stages of a pipeline `depth` deep: the front shape, then `num_back` of the back shape."""
+    tail = [back] * num_back if back is not None else []
+    return [front] * (depth - num_back) + tail
 
 
 IMPROVEMENT = 0.98
