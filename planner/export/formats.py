@@ -224,7 +224,8 @@ def _grid_placement(plan: Plan, ranks: RankMap, order: str
         for s, stage in enumerate(pipeline.stages):
             for k, gpu in enumerate(stage.gpus):
                 grid_rank_of[gpu] = _grid_rank(order, k, p, s, tp, pp, dp)
-    nodes, reasons = [], []
+    nodes: list[dict[str, Any]] = []
+    reasons: list[str] = []
     for node in ranks.nodes:
         gpus = [f"{node.name}:{i}" for i in node.device_indices]
         held = sorted(grid_rank_of[g] for g in gpus)

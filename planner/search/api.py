@@ -46,6 +46,9 @@ class SearchOptions:
     """Wall-clock budget of the whole search; the best plan found by then is returned."""
     num_workers: int = 1
     """CP-SAT search workers."""
+    exact: bool = False
+    """Enumerate every plan of a small scenario and return the proven optimum (status
+    `optimal`); refused with an error naming the limit when the scenario is too large."""
     finalists: int = 8
     """Candidate plans judged by the full estimator (event simulation and sync rings)."""
 
@@ -83,13 +86,19 @@ def plan(
         # Sharded state fits deeper into memory once there are several pipelines.
         templates += generate_templates(tables, scenario.job.schedule, num_pipelines_hint=8)
     templates = pareto(prune(templates), [c.key for c in tables.classes], num_pipelines=8)
-    report(0.3, f"allocating GPUs over {len(templates)} pipeline templates")
-    candidates, proven = _allocation_candidates(tables, templates, options, started)
+    if options.exact:
+        report(0.3, "enumerating every plan (exact mode)")
+        candidates, proven = _exact_candidates(scenario), True
+    else:
+        report(0.3, f"allocating GPUs over {len(templates)} pipeline templates")
+        candidates, proven = _allocation_candidates(tables, templates, options, started)
     report(0.7, "building baselines")
     baselines = baseline_candidates(tables, templates)
     candidates.extend(c for cs in baselines.values() for c in cs)
     # The allocation is proven only within its own model (templates, caps), never globally.
     status = PlanStatus.FEASIBLE if proven else PlanStatus.HEURISTIC
+    if options.exact:
+        status = PlanStatus.OPTIMAL
     report(0.8, f"judging {min(len(candidates), options.finalists)} finalists")
     best, evaluation, baseline_rates = _judge(scenario, candidates, baselines, options)
     if best is None or evaluation is None:
@@ -110,6 +119,18 @@ def _check_feasible(tables: ScenarioTables) -> None:
     reason = infeasibility_reason(tables)
     if reason is not None:
         raise Infeasible(reason)
+
+
+def _exact_candidates(scenario: Scenario) -> list[Candidate]:
+    from planner.search.exact import exact_optimum
+
+    found = exact_optimum(scenario)
+    if found is None:
+        return []
+    best, evaluation, count = found
+    assert evaluation.iteration_s is not None
+    return [Candidate(plan=best, quick_s=evaluation.iteration_s,
+                      origin=f"exact enumeration of {count} plans")]
 
 
 def _allocation_candidates(
