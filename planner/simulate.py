@@ -49,47 +49,57 @@ def simulate_pipeline(
     transfer between stages `s` and `s+1`, which delays the consumer only when
     transfers do not block.
     """
-    num_stages = len(forward_s)
-    orders = [stage_order(s, num_stages, num_micro_batches, schedule) for s in range(num_stages)]
-    done = [[[-1.0] * num_micro_batches for _ in range(2)] for _ in range(num_stages)]
+    num_stages, m = len(forward_s), num_micro_batches
+    # Operations are numbered (stage, direction, micro-batch) -> (2 * stage + direction) * m + i.
+    done = [-1.0] * (2 * num_stages * m)
+    orders = [_order_ids(s, num_stages, m, schedule) for s in range(num_stages)]
     position = [0] * num_stages
     free_at = [0.0] * num_stages
-    delay = [0.0 if blocking_transfers else x for x in transfer_s]
-    remaining = sum(len(order) for order in orders)
-    while remaining:
-        progressed = False
-        for s in range(num_stages):
-            while position[s] < len(orders[s]):
-                direction, i = orders[s][position[s]]
-                ready = _input_ready(done, delay, s, num_stages, direction, i)
-                if ready is None:
+    # Each stage runs until an input is missing, then waits on the operation that
+    # produces it; finishing that operation wakes it. Every operation is handled once.
+    waiting: dict[int, int] = {}
+    runnable = list(range(num_stages))
+    last = num_stages - 1
+    while runnable:
+        s = runnable.pop()
+        order, pos, free = orders[s], position[s], free_at[s]
+        backward_base = (2 * s + 1) * m
+        f_dur, b_dur = forward_s[s], backward_s[s]
+        f_delay = 0.0 if blocking_transfers or s == 0 else transfer_s[s - 1]
+        b_delay = 0.0 if blocking_transfers or s == last else transfer_s[s]
+        while pos < len(order):
+            op = order[pos]
+            if op < backward_base:  # a forward
+                if s == 0:
+                    ready = 0.0
+                else:
+                    producer = op - 2 * m
+                    finished = done[producer]
+                    if finished < 0:
+                        waiting[producer] = s
+                        break
+                    ready = finished + f_delay
+                duration = f_dur
+            else:
+                producer = op - m if s == last else op + 2 * m
+                finished = done[producer]
+                if finished < 0:
+                    waiting[producer] = s
                     break
-                start = max(free_at[s], ready)
-                duration = forward_s[s] if direction == FORWARD else backward_s[s]
-                free_at[s] = done[s][direction][i] = start + duration
-                position[s] += 1
-                remaining -= 1
-                progressed = True
-        assert progressed, "schedule deadlock: stage orders are inconsistent"
+                ready = finished + b_delay
+                duration = b_dur
+            free = (free if free > ready else ready) + duration
+            done[op] = free
+            pos += 1
+            woken = waiting.pop(op, None)
+            if woken is not None:
+                runnable.append(woken)
+        position[s], free_at[s] = pos, free
+    assert all(position[s] == len(orders[s]) for s in range(num_stages)), "schedule deadlock"
     return max(free_at)
 
 
-def _input_ready(
-    done: list[list[list[float]]],
-    delay: list[float],
-    s: int,
-    num_stages: int,
-    direction: int,
-    i: int,
-) -> float | None:
-    """When the input of an operation is there, or None while its producer has not run."""
-    if direction == FORWARD:
-        if s == 0:
-            return 0.0
-        finished = done[s - 1][FORWARD][i]
-        return None if finished < 0 else finished + delay[s - 1]
-    if s == num_stages - 1:
-        finished = done[s][FORWARD][i]
-        return None if finished < 0 else finished
-    finished = done[s + 1][BACKWARD][i]
-    return None if finished < 0 else finished + delay[s]
+def _order_ids(s: int, num_stages: int, m: int, schedule: Schedule) -> list[int]:
+    forward, backward = 2 * s * m, (2 * s + 1) * m
+    return [(forward if d == FORWARD else backward) + i
+            for d, i in stage_order(s, num_stages, m, schedule)]

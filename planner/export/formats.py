@@ -14,6 +14,7 @@ every hetplan scenario.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -38,9 +39,25 @@ EMBEDDING, BLOCK, HEAD = "embedding", "block", "head"
 PIPELINING_SCHEDULES = {Schedule.ONE_F_ONE_B: "Schedule1F1B", Schedule.GPIPE: "ScheduleGPipe"}
 
 
-def _schedule(plan: Plan) -> Schedule:
-    # A plan without a schedule runs the scenario job's, whose default is 1f1b.
-    return plan.schedule or Schedule.ONE_F_ONE_B
+def _schedule(plan: Plan, job_schedule: str | None) -> Schedule:
+    """The schedule the plan runs: its own, else the scenario job's (`job_schedule`), else the
+    job default, 1f1b (COST_MODEL.md: a plan without one runs the job's)."""
+    if plan.schedule is not None:
+        return plan.schedule
+    if job_schedule is None:
+        return Schedule.ONE_F_ONE_B
+    try:
+        return Schedule(job_schedule)
+    except ValueError:
+        raise ValueError(f"job_schedule {job_schedule!r}; use one of "
+                         f"{[s.value for s in Schedule]}") from None
+
+
+def _schedule_notes(plan: Plan, job_schedule: str | None) -> list[str]:
+    if plan.schedule is None and job_schedule is None:
+        return ["The plan names no schedule and no job_schedule was given: assumed 1f1b, the "
+                "job default. Pass the scenario (job.schedule) if it says otherwise."]
+    return []
 
 
 def _kinds(num_layers: int, layer_kinds: Sequence[str] | None) -> list[str]:
@@ -85,7 +102,7 @@ def export_torchrun(
         commands.append({
             "node": node.name, "node_rank": node.node_rank, "nproc_per_node": node.num_processes,
             "first_rank": node.first_rank, "env": {"CUDA_VISIBLE_DEVICES": visible},
-            "argv": argv, "command": f"CUDA_VISIBLE_DEVICES={visible} " + " ".join(argv),
+            "argv": argv, "command": f"CUDA_VISIBLE_DEVICES={visible} " + shlex.join(argv),
         })
     return {
         "format": "torchrun",
@@ -119,7 +136,8 @@ def _torchtitan_names(kinds: Sequence[str], layers: tuple[int, int]) -> list[str
     return names
 
 
-def export_pipelining(plan: Plan, *, layer_kinds: Sequence[str] | None = None) -> dict[str, Any]:
+def export_pipelining(plan: Plan, *, layer_kinds: Sequence[str] | None = None,
+                      job_schedule: str | None = None) -> dict[str, Any]:
     """Per pipeline: a schedule class, its stages' layer ranges and module names, and the
     process groups; the gradient sync across pipelines is left to the caller (pipelining
     has no data parallelism of its own), given here as the rank map's sync groups."""
@@ -133,7 +151,8 @@ def export_pipelining(plan: Plan, *, layer_kinds: Sequence[str] | None = None) -
     ]
     if reasons:
         raise UnsupportedExport("pipelining", reasons)
-    schedule_class = PIPELINING_SCHEDULES[_schedule(plan)]
+    schedule = _schedule(plan, job_schedule)
+    schedule_class = PIPELINING_SCHEDULES[schedule]
     pipelines = []
     for p, pipeline in enumerate(plan.pipelines):
         stage_ranks = [ranks.stage_ranks(p, s) for s in range(len(pipeline.stages))]
@@ -156,7 +175,7 @@ def export_pipelining(plan: Plan, *, layer_kinds: Sequence[str] | None = None) -
         })
     return {
         "format": "pipelining",
-        "schedule": _schedule(plan).value,
+        "schedule": schedule.value,
         "world_size": ranks.world_size,
         "pipelines": pipelines,
         "gradient_sync": [
@@ -165,6 +184,7 @@ def export_pipelining(plan: Plan, *, layer_kinds: Sequence[str] | None = None) -
             for g in ranks.sync_groups
         ],
         "notes": [
+            *_schedule_notes(plan, job_schedule),
             "Build each pipeline's stages with PipelineStage(submodule, stage_index, num_stages, "
             "device, group=<its pp group>) and run schedule_class(stage, n_microbatches, "
             "loss_fn).step(...) on it.",
@@ -178,7 +198,7 @@ def export_pipelining(plan: Plan, *, layer_kinds: Sequence[str] | None = None) -
 # ---------------------------------------------------------------- Megatron / DeepSpeed
 
 
-def _uniform_reasons(plan: Plan, fmt: str) -> list[str]:
+def _uniform_reasons(plan: Plan, fmt: str, schedule: Schedule) -> list[str]:
     """What a plan uses that a framework with one (TP, PP, DP) grid and 1F1B lacks."""
     reasons = []
     tps = sorted({s.tp for p in plan.pipelines for s in p.stages})
@@ -198,8 +218,8 @@ def _uniform_reasons(plan: Plan, fmt: str) -> list[str]:
     if len(set(counts)) > 1:
         reasons.append(f"mixed micro-batch counts {counts}; {fmt} gives every data-parallel "
                        "replica the same number of micro-batches")
-    if _schedule(plan) is not Schedule.ONE_F_ONE_B:
-        reasons.append(f"schedule {_schedule(plan).value!r}; {fmt}'s pipeline engine runs 1F1B")
+    if schedule is not Schedule.ONE_F_ONE_B:
+        reasons.append(f"schedule {schedule.value!r}; {fmt}'s pipeline engine runs 1F1B")
     return reasons
 
 
@@ -284,11 +304,13 @@ def _megatron_split_args(blocks_per_stage: list[int], layout: str) -> list[str]:
     return ["--pipeline-model-parallel-layout", layout]
 
 
-def export_megatron(plan: Plan, *, layer_kinds: Sequence[str] | None = None) -> dict[str, Any]:
+def export_megatron(plan: Plan, *, layer_kinds: Sequence[str] | None = None,
+                    job_schedule: str | None = None) -> dict[str, Any]:
     """Megatron-LM arguments for a plan whose pipelines are identical replicas."""
     ranks = build_rank_map(plan)
     kinds = _kinds(ranks.num_layers, layer_kinds)
-    reasons = _uniform_reasons(plan, "Megatron-LM") + _kind_reasons(kinds, "Megatron-LM")
+    reasons = (_uniform_reasons(plan, "Megatron-LM", _schedule(plan, job_schedule))
+               + _kind_reasons(kinds, "Megatron-LM"))
     if not reasons:
         order, nodes, placement_reasons = _placement_in_some_order(plan, ranks)
         reasons += placement_reasons
@@ -323,18 +345,21 @@ def export_megatron(plan: Plan, *, layer_kinds: Sequence[str] | None = None) -> 
             "torchrun --node-rank=<node_rank> --nproc-per-node=<nproc_per_node> and its "
             "CUDA_VISIBLE_DEVICES so that rank r lands on the plan's GPU.",
             "GPU types do not appear: Megatron treats every GPU alike.",
+            *_schedule_notes(plan, job_schedule),
         ],
     }
 
 
 def export_deepspeed(
-    plan: Plan, *, layer_kinds: Sequence[str] | None = None, zero_stage: int = 0
+    plan: Plan, *, layer_kinds: Sequence[str] | None = None, zero_stage: int = 0,
+    job_schedule: str | None = None,
 ) -> dict[str, Any]:
     """DeepSpeed PipelineModule settings and a ds_config for a plan whose pipelines are
     identical replicas with an even layer split."""
     ranks = build_rank_map(plan)
     kinds = _kinds(ranks.num_layers, layer_kinds)
-    reasons = _uniform_reasons(plan, "DeepSpeed") + _kind_reasons(kinds, "DeepSpeed")
+    reasons = (_uniform_reasons(plan, "DeepSpeed", _schedule(plan, job_schedule))
+               + _kind_reasons(kinds, "DeepSpeed"))
     layer_counts = [s.layers[1] - s.layers[0] for s in plan.pipelines[0].stages]
     if len(set(layer_counts)) > 1:
         # partition_method takes "uniform", "parameters" or "type:<regex>", never explicit
@@ -373,9 +398,11 @@ def export_deepspeed(
         },
         "nodes": nodes,
         "notes": [
-            "TP inside a DeepSpeed pipeline needs a Megatron-style mpu (Megatron-DeepSpeed); "
-            "with tp > 1 pass topology to PipelineModule and build TP layers.",
-        ] if tp > 1 else [],
+            *(["TP inside a DeepSpeed pipeline needs a Megatron-style mpu (Megatron-DeepSpeed); "
+               "with tp > 1 pass topology to PipelineModule and build TP layers."]
+              if tp > 1 else []),
+            *_schedule_notes(plan, job_schedule),
+        ],
     }
 
 

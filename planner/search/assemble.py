@@ -1,18 +1,18 @@
 """From chosen templates to a plan document: batch shares, then concrete GPUs.
 
-Batch shares are water-filled: each micro-batch goes to the pipeline that
-would finish it soonest, so fast pipelines take more and a pipeline whose
-first micro-batch would finish after everyone else's last gets none (its
-GPUs stay idle, and the plan says why).
+Batch shares go where they finish soonest (`shares.least_time_shares` over the
+linear time model), so fast pipelines take more and a pipeline whose first
+micro-batch would finish after everyone else's last gets none (its GPUs stay
+idle, and the plan says why).
 """
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from planner.documents import Node, Pipeline, Plan, Schedule, Stage
+from planner.search.shares import Timer, least_time_shares
 from planner.search.tables import ScenarioTables
 from planner.search.templates import PipelineTemplate
 
@@ -23,22 +23,13 @@ def split_batch(
     templates: Sequence[PipelineTemplate], global_batch: int
 ) -> list[int] | None:
     """Micro-batches per pipeline summing exactly to the batch, least finish time first."""
-    counts = [0] * len(templates)
-    heap = [(t.time_s(1), p) for p, t in enumerate(templates)]
-    heapq.heapify(heap)
-    remaining = global_batch
-    skipped = []
-    while remaining > 0 and heap:
-        _, p = heapq.heappop(heap)
-        t = templates[p]
-        if t.micro_batch > remaining or (
-                t.max_micro_batches is not None and counts[p] >= t.max_micro_batches):
-            skipped.append(p)
-            continue
-        counts[p] += 1
-        remaining -= t.micro_batch
-        heapq.heappush(heap, (t.time_s(counts[p] + 1), p))
-    return counts if remaining == 0 else None
+    timers = [_linear_timer(t) for t in templates]
+    limits = [t.max_micro_batches or 10**9 for t in templates]
+    return least_time_shares(timers, [t.micro_batch for t in templates], limits, global_batch)
+
+
+def _linear_timer(t: PipelineTemplate) -> Timer:
+    return lambda m: 0.0 if m <= 0 else t.time_s(m)
 
 
 @dataclass(frozen=True, kw_only=True)
