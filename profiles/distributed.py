@@ -1,0 +1,129 @@
+"""Run a function in N processes that share one torch.distributed group.
+
+Two ways in, one worker body:
+- `spawn(fn, world_size=..., backend=...)` starts the processes itself
+  (torch.multiprocessing, spawn start method) on one machine, rendezvous
+  through a file in a temporary folder (no ports to collide), and returns each
+  rank's result;
+- under `torchrun`, the processes already exist: `init_from_env()` joins the
+  group that RANK / WORLD_SIZE / MASTER_ADDR describe.
+
+`fn(ctx: DistContext, *args)` must be a module-level function (spawn pickles
+it by name) and return something picklable.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+__all__ = ["DistContext", "spawn", "init_from_env", "backend_for", "device_for"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class DistContext:
+    """Where this process sits once the group is up."""
+
+    rank: int
+    """Global rank, 0..world_size-1."""
+    world_size: int
+    """Processes in the group."""
+    local_rank: int
+    """Rank within this machine; selects the GPU."""
+    device: str
+    """`cuda:<local_rank>` on GPU, `cpu` otherwise."""
+
+
+def backend_for(device: str) -> str:
+    """NCCL for GPUs, gloo for CPU: the backends torch supports best on each."""
+    return "nccl" if device.startswith("cuda") else "gloo"
+
+
+def device_for(device: str, local_rank: int) -> str:
+    return f"cuda:{local_rank}" if device.startswith("cuda") else "cpu"
+
+
+def spawn(
+    fn: Callable[..., Any],
+    *,
+    world_size: int,
+    device: str = "cpu",
+    args: tuple[Any, ...] = (),
+    timeout_s: float = 300.0,
+) -> list[Any]:
+    """Run `fn(ctx, *args)` on `world_size` local processes; their results, by rank."""
+    if world_size < 1:
+        raise ValueError(f"world_size is {world_size}; it must be >= 1")
+    if device.startswith("cuda") and torch.cuda.device_count() < world_size:
+        raise ValueError(
+            f"{world_size} processes need {world_size} GPUs but this machine has "
+            f"{torch.cuda.device_count()}; lower the TP degree or use more GPUs"
+        )
+    with tempfile.TemporaryDirectory(prefix="hetplan-dist-") as tmp:
+        try:
+            mp.spawn(
+                _worker,
+                args=(world_size, device, tmp, timeout_s, fn, args),
+                nprocs=world_size,
+                join=True,
+            )
+        except mp.ProcessRaisedException as error:
+            # The child's traceback is in the message; its last line says what went wrong.
+            last = str(error).strip().splitlines()[-1]
+            raise RuntimeError(f"a worker of {world_size} failed: {last}") from error
+        return [pickle.loads(Path(tmp, f"result-{r}.pkl").read_bytes()) for r in range(world_size)]
+
+
+def _worker(
+    rank: int,
+    world_size: int,
+    device: str,
+    folder: str,
+    timeout_s: float,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+) -> None:
+    if not device.startswith("cuda"):
+        # N processes on one CPU: split the cores, or they thrash each other.
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    else:
+        torch.cuda.set_device(rank)
+    dist.init_process_group(
+        backend_for(device),
+        init_method=f"file://{folder}/rendezvous",
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=timeout_s),
+    )
+    try:
+        ctx = DistContext(rank=rank, world_size=world_size, local_rank=rank,
+                          device=device_for(device, rank))
+        result = fn(ctx, *args)
+        Path(folder, f"result-{rank}.pkl").write_bytes(pickle.dumps(result))
+    finally:
+        dist.destroy_process_group()
+
+
+def init_from_env(device: str, timeout_s: float = 300.0) -> DistContext:
+    """Join the group `torchrun` describes in the environment (RANK, WORLD_SIZE, ...)."""
+    missing = [k for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK") if k not in os.environ]
+    if missing:
+        raise RuntimeError(f"not under torchrun: {missing} unset; start with torchrun, or spawn")
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if device.startswith("cuda"):
+        torch.cuda.set_device(local_rank)
+    if not dist.is_initialized():
+        dist.init_process_group(backend_for(device), timeout=timedelta(seconds=timeout_s))
+    return DistContext(rank=rank, world_size=world, local_rank=local_rank,
+                       device=device_for(device, local_rank))
