@@ -31,7 +31,12 @@ def scaled(name: str, total_gpus: int) -> dict:
     copies = max(1, round(total_gpus / have))
     doc["cluster"]["nodes"] = [
         dict(n, name=f"{n['name']}-r{r}") for r in range(copies) for n in nodes]
-    doc["job"]["global_batch_size"] *= max(1, copies // 2)
+    # About two sequences per GPU (a power of two), as large runs use: 16k at 8k GPUs.
+    gpus = have * copies
+    batch = doc["job"]["global_batch_size"]
+    while batch < 2 * gpus:
+        batch *= 2
+    doc["job"]["global_batch_size"] = batch
     return doc
 
 

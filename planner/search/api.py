@@ -29,6 +29,7 @@ __all__ = ["PlanStatus", "SearchOptions", "PlanResult", "plan"]
 
 PLANNER_VERSION = "0.1.0"
 REFINED = 3  # best finalists whose batch shares are then set by exact simulation
+BASELINE_FINALISTS = 3  # placed candidates of each baseline judged by the estimator
 
 ProgressCallback = Callable[[float, str], None]
 """Called with (fraction done in [0, 1], what the search is doing)."""
@@ -195,7 +196,7 @@ def _judge(
     ranked = sorted(candidates, key=lambda c: c.quick_s)
     finalists = ranked[: options.finalists]
     for group in baselines.values():
-        finalists.extend(sorted(group, key=lambda c: c.quick_s)[:4])
+        finalists.extend(sorted(group, key=lambda c: c.quick_s)[:BASELINE_FINALISTS])
     judged: dict[int, Evaluation] = {}
     valid: list[tuple[float, Candidate, Evaluation]] = []
     for candidate in finalists:

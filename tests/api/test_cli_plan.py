@@ -1,0 +1,78 @@
+"""`hetplan plan` and `hetplan evaluate` from the command line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+from typer.testing import CliRunner
+
+from api.cli import app
+
+DATA = Path(__file__).parent.parent / "data"
+SCENARIO = DATA / "scenarios" / "a80x16-v32x16-gpt1.3b.json"
+REFERENCE = DATA / "reference"
+
+runner = CliRunner()
+
+
+def test_plan_writes_a_valid_plan_and_prints_a_summary(tmp_path: Path) -> None:
+    out = tmp_path / "plan.json"
+    result = runner.invoke(app, ["plan", str(SCENARIO), "-o", str(out), "--time-limit", "3"])
+    assert result.exit_code == 0, result.output
+    assert "samples/s" in result.output and "baseline homogeneous" in result.output
+    document = json.loads(out.read_text())
+    assert document["format"] == "hetplan-plan/1"
+    assert document["search"]["status"] in {"feasible", "heuristic"}
+    check = runner.invoke(app, ["evaluate", str(SCENARIO), str(out), "--json"])
+    assert check.exit_code == 0, check.output
+    numbers = json.loads(check.stdout)
+    assert numbers["valid"] is True
+    assert abs(numbers["iteration_s"] - document["estimate"]["iteration_s"]) < 1e-9
+
+
+def test_plan_reads_yaml_scenarios(tmp_path: Path) -> None:
+    scenario = tmp_path / "scenario.yaml"
+    scenario.write_text(yaml.safe_dump(json.loads(SCENARIO.read_text())))
+    result = runner.invoke(app, ["plan", str(scenario), "--time-limit", "2"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["format"] == "hetplan-plan/1"
+
+
+def test_evaluate_json_has_iteration_time_at_top_level() -> None:
+    plan = REFERENCE / "a80x16-v32x16-gpt1.3b.homogeneous.plan.json"
+    expected = json.loads((REFERENCE / "a80x16-v32x16-gpt1.3b.homogeneous.expected.json").read_text())
+    result = runner.invoke(app, ["evaluate", str(SCENARIO), str(plan), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["iteration_s"] == expected["iteration_s"]
+
+
+def test_evaluate_of_an_invalid_plan_lists_every_problem_and_fails(tmp_path: Path) -> None:
+    plan = json.loads((REFERENCE / "a80x16-v32x16-gpt1.3b.homogeneous.plan.json").read_text())
+    plan["pipelines"][1]["stages"][0]["gpus"] = plan["pipelines"][0]["stages"][0]["gpus"]
+    plan["pipelines"][2]["num_micro_batches"] = 99
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(plan))
+    result = runner.invoke(app, ["evaluate", str(SCENARIO), str(path)])
+    assert result.exit_code == 1
+    assert "already used" in result.output and "global batch" in result.output
+
+
+def test_plan_of_an_invalid_scenario_names_the_field_not_a_traceback(tmp_path: Path) -> None:
+    document = json.loads(SCENARIO.read_text())
+    document["cluster"]["nodes"][0]["gpus"] = 0
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(document))
+    result = runner.invoke(app, ["plan", str(path)])
+    assert result.exit_code == 2
+    assert "cluster.nodes[0].gpus" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_plan_of_a_file_that_is_not_json_says_so(tmp_path: Path) -> None:
+    path = tmp_path / "broken.json"
+    path.write_text("{not json")
+    result = runner.invoke(app, ["plan", str(path)])
+    assert result.exit_code == 2
+    assert "not valid JSON/YAML" in result.output
