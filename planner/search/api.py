@@ -103,9 +103,9 @@ def plan(
     report(0.8, f"judging {min(len(candidates), options.finalists)} finalists")
     best, evaluation, baseline_rates = _judge(scenario, candidates, baselines, options)
     if best is None or evaluation is None:
-        raise Infeasible("no candidate plan is valid: every arrangement the search tried breaks "
-                         "a memory or packing limit; add GPUs or memory, or profile more "
-                         "(micro_batch, tp) points")
+        from planner.search.diagnose import no_plan_reason
+
+        raise Infeasible(no_plan_reason(tables))
     wall_s = time.monotonic() - started
     unused = _unused_gpus(tables, best.plan)
     document = _annotate(best, evaluation, status, wall_s, unused, baseline_rates)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from planner.costs import GIB
 from planner.search.tables import ScenarioTables
 
-__all__ = ["infeasibility_reason"]
+__all__ = ["infeasibility_reason", "no_plan_reason"]
 
 
 def infeasibility_reason(tables: ScenarioTables) -> str | None:
@@ -42,3 +42,19 @@ def _largest_single_layer(tables: ScenarioTables, gpu_type: str, b: int, tp: int
         + float(point.activation_bytes[layer + 1] - point.activation_bytes[layer]) + reserved
         for layer in range(tables.num_layers)
     )
+
+
+def no_plan_reason(tables: ScenarioTables) -> str:
+    """Why the search found no valid plan although single layers fit somewhere."""
+    scenario = tables.scenario
+    state = tables.state_bytes(0, tables.num_layers, 1, 1)
+    room = sum(tables.capacity_bytes[c.gpu_type] * c.num_gpus for c in tables.classes)
+    if state > room:
+        return (f"nothing fits in memory: the model's weights, gradients and optimizer state "
+                f"need {state / GIB:.2f} GiB but all GPUs together have {room / GIB:.2f} GiB "
+                f"after reserved memory; add GPUs or use ZeRO (job.zero_stage)")
+    return (f"no valid plan: every arrangement tried breaks a memory limit once activations "
+            f"are counted (the model's state alone needs {state / GIB:.2f} GiB of the "
+            f"{room / GIB:.2f} GiB free across all GPUs, and pipelines hold activations of "
+            f"several micro-batches); add GPUs or memory, profile smaller micro-batches or "
+            f"higher tp, or use ZeRO (job.zero_stage)")

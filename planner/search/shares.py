@@ -22,6 +22,8 @@ def least_time_shares(
     timers: Sequence[Timer], sizes: Sequence[int], limits: Sequence[int], batch: int
 ) -> list[int] | None:
     """Micro-batches per pipeline with sum(size * m) == batch, or None if impossible."""
+    if not timers:
+        return None
     low = 0.0
     high = max(timer(min(limit, -(-batch // b)))
                for timer, b, limit in zip(timers, sizes, limits, strict=True))

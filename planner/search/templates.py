@@ -130,7 +130,9 @@ class _Context:
         return self._rings[resource]
 
     def stage_spec(self, shape: StageShape, b: int, k: int, link_in: LinkCost | None) -> StageSpec:
-        in_flight = k if self.schedule is Schedule.ONE_F_ONE_B else 1
+        # 1F1B keeps min(S - s, m) micro-batches; m is at most the batch over b.
+        most = -(-self.scenario.job.global_batch_size // b)
+        in_flight = min(k, most) if self.schedule is Schedule.ONE_F_ONE_B else 1
         point = self.tables.points[(shape.gpu_type, b, shape.tp)]
         return StageSpec(point=point, in_flight=in_flight, link_in=link_in)
 
@@ -146,7 +148,7 @@ def generate_templates(
     limits = limits or TemplateLimits()
     ctx = _Context(tables, schedule)
     homogeneous = list(_homogeneous(ctx, num_pipelines_hint, limits))
-    best_points = _best_points(homogeneous, limits.max_points_per_class)
+    best_points = _best_points(ctx, limits.max_points_per_class)
     deepest = _deepest_useful(homogeneous)
     mixed = list(_two_segment(ctx, best_points, deepest, num_pipelines_hint, limits))
     return homogeneous + mixed
@@ -176,19 +178,17 @@ def _homogeneous(
                                       functools.partial(_segments, shape, None, 0))
 
 
-def _best_points(
-    templates: list[PipelineTemplate], keep: int
-) -> dict[ClassKey, list[tuple[int, int]]]:
-    """Per class, the (micro_batch, tp) points with the best throughput per GPU."""
-    score: dict[tuple[ClassKey, int, int], float] = {}
-    for t in templates:
-        shape = t.stages[0]
-        key = (shape.resource, t.micro_batch, shape.tp)
-        rate = t.micro_batch / t.bottleneck_s / t.num_gpus
-        score[key] = max(score.get(key, 0.0), rate)
+def _best_points(ctx: _Context, keep: int) -> dict[ClassKey, list[tuple[int, int]]]:
+    """Per class, the (micro_batch, tp) points of most samples per GPU-second.
+
+    Judged on compute alone: a class too small or too memory-poor to hold the model by
+    itself has no homogeneous template, yet may be the right home for a few stages."""
     ranked: dict[ClassKey, list[tuple[float, int, int]]] = {}
-    for (resource, b, tp), rate in score.items():
-        ranked.setdefault(resource, []).append((rate, b, tp))
+    for cls in ctx.tables.classes:
+        for b, tp in _points(ctx, cls):
+            point = ctx.tables.points[(cls.gpu_type, b, tp)]
+            rate = b / (tp * float(point.compute_s[-1]))
+            ranked.setdefault(cls.key, []).append((rate, b, tp))
     return {r: [(b, tp) for _, b, tp in sorted(v, reverse=True)[:keep]] for r, v in ranked.items()}
 
 

@@ -1,0 +1,81 @@
+"""Heuristic search versus the proven optimum (exact mode) on small random scenarios.
+
+Usage: python bench/exact_gap.py [--count N] [--seed S]
+Each scenario: 2-3 GPUs of two types on two nodes, 2-4 layers, micro-batch sizes
+1 and 2, a batch of 2-8 sequences, random speeds, memory and links.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import random
+import time
+
+from planner import Infeasible, SearchOptions, parse_scenario, plan
+
+
+def random_scenario(rng: random.Random) -> dict:
+    fast_gpus, slow_gpus = rng.choice([(2, 1), (1, 2), (2, 0), (1, 1)])
+    slow = rng.uniform(1.2, 3.0)
+    layers = rng.randint(2, 4)
+    nodes = [{"name": "f0", "gpu_type": "F", "gpus": fast_gpus, "nics": rng.choice([1, 2])}]
+    if slow_gpus:
+        nodes.append({"name": "s0", "gpu_type": "S", "gpus": slow_gpus})
+    rows = []
+    for gpu_type, factor in (("F", 1.0), ("S", slow)):
+        for b in (1, 2):
+            for kind, ms in (("embed", 0.5), ("block", 2.0)):
+                rows.append({"gpu_type": gpu_type, "kind": kind, "micro_batch": b, "tp": 1,
+                             "forward_ms": ms * factor * b * 0.8,
+                             "backward_ms": 2 * ms * factor * b * 0.8,
+                             "activation_bytes": 1e8 * b})
+    return {
+        "format": "hetplan-scenario/1",
+        "gpu_types": {"F": {"memory_gib": 3.0}, "S": {"memory_gib": rng.choice([2.3, 2.6, 3.0])}},
+        "cluster": {
+            "nodes": nodes,
+            "intra_node": {"F": {"bandwidth_gb_per_s": 100, "latency_us": 5},
+                           "S": {"bandwidth_gb_per_s": 50, "latency_us": 5}},
+            "inter_node": {"bandwidth_gb_per_s": rng.choice([1, 10, 25]), "latency_us": 10},
+        },
+        "model": {"name": "small", "seq_len": 1024, "layers": ["embed"] + ["block"] * (layers - 1),
+                  "kinds": {"embed": {"params": 5e7, "output_bytes_per_sample": 4e6},
+                            "block": {"params": 2e7, "output_bytes_per_sample": 4e6}}},
+        "profiles": rows,
+        "job": {"global_batch_size": rng.choice([2, 4, 6, 8]), "grad_bytes": 2},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--count", type=int, default=30)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    print(f"machine: {platform.machine()}, Python {platform.python_version()}, "
+          f"date {time.strftime('%Y-%m-%d')}, {args.count} scenarios, seed {args.seed}\n")
+    ratios = []
+    infeasible = 0
+    while len(ratios) < args.count:
+        scenario = parse_scenario(random_scenario(rng))
+        try:
+            exact = plan(scenario, SearchOptions(exact=True)).evaluation.samples_per_s
+        except Infeasible:
+            infeasible += 1  # no plan exists at all: nothing to compare
+            continue
+        try:
+            fast = plan(scenario, SearchOptions(time_limit_s=2)).evaluation.samples_per_s
+        except Infeasible:
+            fast = 0.0  # the search missed every valid plan
+        assert exact is not None and fast is not None
+        ratios.append(fast / exact)
+    within = sum(r >= 0.99 for r in ratios)
+    print(f"heuristic / optimum: min {min(ratios):.4f}, mean {sum(ratios) / len(ratios):.4f}; "
+          f"within 1% on {within} of {len(ratios)} ({infeasible} drawn scenarios had no plan)")
+    if max(ratios) > 1 + 1e-9:
+        raise SystemExit("the heuristic beat the proven optimum: exact mode is wrong")
+
+
+if __name__ == "__main__":
+    main()
