@@ -46,7 +46,6 @@ def _largest_single_layer(tables: ScenarioTables, gpu_type: str, b: int, tp: int
 
 def no_plan_reason(tables: ScenarioTables) -> str:
     """Why the search found no valid plan although single layers fit somewhere."""
-    scenario = tables.scenario
     state = tables.state_bytes(0, tables.num_layers, 1, 1)
     room = sum(tables.capacity_bytes[c.gpu_type] * c.num_gpus for c in tables.classes)
     if state > room:

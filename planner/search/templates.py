@@ -148,7 +148,7 @@ def generate_templates(
     limits = limits or TemplateLimits()
     ctx = _Context(tables, schedule)
     homogeneous = list(_homogeneous(ctx, num_pipelines_hint, limits))
-    best_points = _best_points(ctx, limits.max_points_per_class)
+    best_points = _best_points(ctx, homogeneous, limits.max_points_per_class)
     deepest = _deepest_useful(homogeneous)
     mixed = list(_two_segment(ctx, best_points, deepest, num_pipelines_hint, limits))
     return homogeneous + mixed
@@ -178,18 +178,33 @@ def _homogeneous(
                                       functools.partial(_segments, shape, None, 0))
 
 
-def _best_points(ctx: _Context, keep: int) -> dict[ClassKey, list[tuple[int, int]]]:
-    """Per class, the (micro_batch, tp) points of most samples per GPU-second.
-
-    Judged on compute alone: a class too small or too memory-poor to hold the model by
-    itself has no homogeneous template, yet may be the right home for a few stages."""
-    ranked: dict[ClassKey, list[tuple[float, int, int]]] = {}
+def _best_points(
+    ctx: _Context, homogeneous: list[PipelineTemplate], keep: int
+) -> dict[ClassKey, list[tuple[int, int]]]:
+    """Per class, the (micro_batch, tp) points of most samples per GPU-second: the best of
+    its homogeneous pipelines, and the best on compute alone (a class too small or too
+    memory-poor to hold the model by itself has no homogeneous pipeline, yet may be the
+    right home for a few stages)."""
+    by_pipeline: dict[ClassKey, list[tuple[float, int, int]]] = {}
+    for t in homogeneous:
+        rate = t.micro_batch / t.bottleneck_s / t.num_gpus
+        by_pipeline.setdefault(t.stages[0].resource, []).append((rate, t.micro_batch, t.stages[0].tp))
+    by_compute: dict[ClassKey, list[tuple[float, int, int]]] = {}
     for cls in ctx.tables.classes:
         for b, tp in _points(ctx, cls):
-            point = ctx.tables.points[(cls.gpu_type, b, tp)]
-            rate = b / (tp * float(point.compute_s[-1]))
-            ranked.setdefault(cls.key, []).append((rate, b, tp))
-    return {r: [(b, tp) for _, b, tp in sorted(v, reverse=True)[:keep]] for r, v in ranked.items()}
+            costs = ctx.tables.points[(cls.gpu_type, b, tp)]
+            by_compute.setdefault(cls.key, []).append((b / (tp * float(costs.compute_s[-1])), b, tp))
+    chosen: dict[ClassKey, list[tuple[int, int]]] = {}
+    for ranking in (by_pipeline, by_compute):
+        for key, scored in ranking.items():
+            best: dict[tuple[int, int], float] = {}
+            for rate, b, tp in scored:
+                best[(b, tp)] = max(rate, best.get((b, tp), 0.0))
+            picks = chosen.setdefault(key, [])
+            for pick in sorted(best, key=lambda p: -best[p])[:keep]:
+                if pick not in picks:
+                    picks.append(pick)
+    return chosen
 
 
 def _deepest_useful(templates: list[PipelineTemplate]) -> dict[tuple[ClassKey, int, int], int]:
