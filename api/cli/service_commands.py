@@ -1,9 +1,156 @@
-"""Commands of this family are added by their owner's change."""
+"""`hetplan serve` (the HTTP service) and `hetplan batch` (plan a folder of scenarios, for CI)."""
 
 from __future__ import annotations
 
+import json
+import os
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Annotated, Any
+
 import typer
+
+__all__ = ["register", "BatchOutcome", "plan_file"]
+
+SCENARIO_SUFFIXES = (".json", ".yaml", ".yml")
 
 
 def register(app: typer.Typer) -> None:
-    del app
+    app.command("serve")(serve)
+    app.command("batch")(batch)
+
+
+def serve(
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
+    workers: Annotated[int, typer.Option(min=1, help="Server processes.")] = 1,
+    open_: Annotated[bool, typer.Option("--open", help="Serve without tokens on a "
+                                        "non-loopback address (anyone may write).")] = False,
+    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+) -> None:
+    """Serve the hetplan API (settings from HETPLAN_* variables; docs at /docs)."""
+    import uvicorn
+
+    from api.app import create_app
+    from api.serving import PROTOCOL_PATH
+    from api.settings import ExposureRefused, Settings, check_exposure
+    from api.storage import make_engine, migrate
+
+    if open_:
+        os.environ["HETPLAN_OPEN"] = "true"  # worker processes read settings from env
+    settings = Settings()
+    try:
+        check_exposure(host, settings)
+    except ExposureRefused as error:
+        typer.echo(f"hetplan serve: {error}", err=True)
+        raise typer.Exit(2) from None
+    engine = make_engine(settings.database_url)
+    try:
+        migrate(engine)  # once, before any worker starts
+    finally:
+        engine.dispose()
+    if workers == 1:
+        app = create_app(settings.model_copy(update={"migrate_on_startup": False}))
+        uvicorn.run(app, host=host, port=port, log_level=log_level, http=PROTOCOL_PATH)
+    else:
+        uvicorn.run("api.app:create_app_from_env", factory=True, host=host, port=port,
+                    workers=workers, log_level=log_level, http=PROTOCOL_PATH)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchOutcome:
+    """What happened to one scenario file of a batch."""
+
+    scenario: str
+    ok: bool
+    status: str | None = None
+    iteration_s: float | None = None
+    samples_per_s: float | None = None
+    wall_s: float | None = None
+    plan_path: str | None = None
+    error: str | None = None
+
+
+def plan_file(path: Path, out_dir: Path, time_limit_s: float) -> BatchOutcome:
+    """Plan one scenario file and write `<stem>.plan.json`; never raises for bad input."""
+    import planner
+    from planner.documents import dump_document
+
+    try:
+        scenario = planner.parse_scenario(_load(path))
+        result = planner.plan(scenario, planner.SearchOptions(time_limit_s=time_limit_s))
+    except (planner.PlannerError, OSError, ValueError) as error:
+        return BatchOutcome(scenario=path.name, ok=False,
+                            error=f"{type(error).__name__}: {error}")
+    target = out_dir / f"{_stem(path)}.plan.json"
+    target.write_text(json.dumps(dump_document(result.plan), indent=2) + "\n")
+    return BatchOutcome(scenario=path.name, ok=True, status=str(result.status),
+                        iteration_s=result.evaluation.iteration_s,
+                        samples_per_s=result.evaluation.samples_per_s,
+                        wall_s=result.wall_s, plan_path=str(target))
+
+
+def _stem(path: Path) -> str:
+    return path.name[: -len(path.suffix)] if path.suffix else path.name
+
+
+def _load(path: Path) -> Any:
+    text = path.read_text()
+    if path.suffix == ".json":
+        return json.loads(text)
+    import yaml
+
+    return yaml.safe_load(text)
+
+
+def batch(
+    scenario_dir: Annotated[Path, typer.Argument(exists=True, file_okay=False,
+                                                 help="Folder of scenario documents.")],
+    out: Annotated[Path, typer.Option("--out", help="Folder for the plan documents.")],
+    jobs: Annotated[int, typer.Option(min=1, help="Parallel processes.")] = (
+        os.cpu_count() or 1),
+    time_limit_s: Annotated[float, typer.Option(min=0.1, help="Search budget per "
+                                                "scenario.")] = 10.0,
+) -> None:
+    """Plan every scenario in SCENARIO_DIR in parallel; exit 1 if any failed."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+    from rich.table import Table
+
+    paths = sorted(p for p in scenario_dir.iterdir() if p.suffix in SCENARIO_SUFFIXES)
+    if not paths:
+        typer.echo(f"hetplan batch: no scenario files ({', '.join(SCENARIO_SUFFIXES)}) in "
+                   f"{scenario_dir}", err=True)
+        raise typer.Exit(2)
+    out.mkdir(parents=True, exist_ok=True)
+    console = Console(stderr=True)
+    outcomes: list[BatchOutcome] = []
+    columns = ("{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console) as progress, ProcessPoolExecutor(
+        max_workers=min(jobs, len(paths)), mp_context=get_context("spawn")
+    ) as pool:
+        task = progress.add_task("planning", total=len(paths))
+        futures = [pool.submit(plan_file, p, out, time_limit_s) for p in paths]
+        for future in as_completed(futures):
+            outcomes.append(future.result())
+            progress.advance(task)
+    outcomes.sort(key=lambda o: o.scenario)
+    (out / "batch-summary.json").write_text(
+        json.dumps([asdict(o) for o in outcomes], indent=2) + "\n")
+    table = Table(title=f"hetplan batch: {scenario_dir}")
+    for column in ("scenario", "result", "status", "iteration_s", "samples/s", "wall_s"):
+        table.add_column(column)
+    for o in outcomes:
+        table.add_row(o.scenario, "ok" if o.ok else f"FAILED: {o.error}", o.status or "",
+                      _fmt(o.iteration_s), _fmt(o.samples_per_s), _fmt(o.wall_s))
+    Console().print(table)
+    failed = sum(not o.ok for o in outcomes)
+    if failed:
+        console.print(f"{failed} of {len(outcomes)} scenarios failed")
+        raise typer.Exit(1)
+
+
+def _fmt(value: float | None) -> str:
+    return "" if value is None else f"{value:.4g}"

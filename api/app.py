@@ -1,0 +1,87 @@
+"""The app factory: `create_app(settings)` wires settings, storage, solver, jobs, auth,
+metrics and routes. Nothing is global, so tests build as many apps as they like."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import sqlalchemy as sa
+from fastapi import FastAPI
+
+import planner
+from api.cache import LruCache
+from api.errors import install_error_handlers
+from api.jobs import JobRunner
+from api.limits import BodyLimitMiddleware
+from api.metrics import Metrics, MetricsMiddleware
+from api.routes import ROUTERS, health
+from api.services.planning import Solver
+from api.settings import Settings
+from api.storage import Store, make_engine, migrate
+
+__all__ = ["create_app", "create_app_from_env", "API_VERSION"]
+
+API_VERSION = "1.0.0"
+
+log = logging.getLogger("hetplan.api")
+
+DESCRIPTION = """\
+Plans for training large models on heterogeneous GPU clusters.
+
+Profilers upload measurements (`/v1/profiles`, `/v1/links`); operators register GPU types,
+models and clusters; schedulers ask for plans (`POST /v1/plans`) and poll jobs for long
+searches. Documents follow COST_MODEL.md (`hetplan-scenario/1`, `hetplan-plan/1`).
+Every error answers `{"error", "message", "problems"}` with what to change.
+"""
+
+
+def _default_solver(scenario: planner.Scenario, options: planner.SearchOptions,
+                    progress: Any) -> planner.PlanResult:
+    return planner.plan(scenario, options, progress=progress)
+
+
+def create_app(settings: Settings | None = None, *, solver: Solver | None = None,
+               engine: sa.Engine | None = None) -> FastAPI:
+    """The hetplan service. `solver` replaces `planner.plan` (tests); `engine` replaces
+    the one built from `settings.database_url`."""
+    settings = settings or Settings()
+    engine = engine or make_engine(settings.database_url)
+    store = Store(engine)
+    metrics = Metrics()
+    runner = JobRunner(store=store, solver=solver or _default_solver, metrics=metrics,
+                       workers=settings.solver_workers, max_pending=settings.max_pending_jobs)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if settings.migrate_on_startup:
+            migrate(engine)
+        runner.start()
+        try:
+            yield
+        finally:
+            runner.shutdown()
+            engine.dispose()
+
+    app = FastAPI(title="hetplan", version=API_VERSION, description=DESCRIPTION,
+                  lifespan=lifespan)
+    app.state.settings = settings
+    app.state.store = store
+    app.state.metrics = metrics
+    app.state.runner = runner
+    app.state.solver = solver or _default_solver
+    app.state.plan_cache = LruCache(settings.plan_cache_size)
+    install_error_handlers(app)
+    app.include_router(health.router)
+    for router in ROUTERS:
+        app.include_router(router)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    return app
+
+
+def create_app_from_env() -> FastAPI:
+    """Factory for `uvicorn --factory` and multi-worker serving: settings from HETPLAN_*."""
+    return create_app(Settings())

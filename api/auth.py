@@ -1,0 +1,75 @@
+"""Bearer tokens with scopes, configured by the operator in `Settings.tokens`.
+
+With no tokens configured everyone may do everything (the CLI refuses to serve that on
+a reachable address unless told to run open). With tokens, writes need a token holding
+the route's scope (or `admin`), and reads need any valid token when
+`read_requires_token` is set.
+"""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from api.errors import Forbidden, Unauthorized
+from api.settings import Scope, Settings
+
+__all__ = ["Principal", "require", "authorize"]
+
+_bearer = HTTPBearer(auto_error=False, description="A token from HETPLAN_TOKENS.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Principal:
+    """Who is asking: the scopes of their token (all scopes when auth is off)."""
+
+    scopes: frozenset[Scope]
+    authenticated: bool
+
+
+def authorize(settings: Settings, token: str | None, needed: Scope | None) -> Principal:
+    """The caller's principal, or `Unauthorized`/`Forbidden` saying what is missing.
+    `needed=None` means a read."""
+    if not settings.tokens:
+        return Principal(scopes=frozenset(Scope), authenticated=False)
+    scopes = _scopes_of(settings, token)
+    if scopes is None:
+        if needed is None and not settings.read_requires_token and token is None:
+            return Principal(scopes=frozenset(), authenticated=False)
+        raise Unauthorized("a valid bearer token is required: send 'Authorization: Bearer "
+                           "TOKEN' with a token the operator put in HETPLAN_TOKENS"
+                           if token is None else "the bearer token is not known to this "
+                           "server; check it against HETPLAN_TOKENS")
+    if needed is not None and needed not in scopes and Scope.ADMIN not in scopes:
+        raise Forbidden(f"this token lacks the {needed.value!r} scope (it has "
+                        f"{sorted(s.value for s in scopes)}); ask the operator to add it")
+    return Principal(scopes=frozenset(scopes), authenticated=True)
+
+
+def _scopes_of(settings: Settings, token: str | None) -> list[Scope] | None:
+    if token is None:
+        return None
+    found = None
+    for known, scopes in settings.tokens.items():
+        # compare every token in constant time, so timing does not reveal a prefix
+        if hmac.compare_digest(known.encode(), token.encode()):
+            found = scopes
+    return found
+
+
+def require(needed: Scope | None):  # type: ignore[no-untyped-def]
+    """A dependency that admits callers with `needed` (None: any reader)."""
+
+    async def dependency(  # async: pure CPU, so no thread-pool hop per request
+        request: Request,
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    ) -> Principal:
+        settings: Settings = request.app.state.settings
+        token = credentials.credentials if credentials is not None else None
+        return authorize(settings, token, needed)
+
+    return dependency

@@ -1,0 +1,177 @@
+"""In-process runner of long plan searches ("jobs"), with progress and cancellation.
+
+Job state lives in the database, so any server process can answer `GET /v1/jobs/{id}`
+and accept a cancel; the search itself runs on a thread of the process that accepted
+the request. Cancelling works through the search's progress callback: the next time the
+search reports progress, the callback raises `JobCancelled` and the search unwinds. A
+search that reports no progress stops at its time limit at the latest.
+
+Jobs are not resumed after a restart: a clean shutdown marks pending jobs `failed`
+(`server_shutdown`); a job whose process was killed stays `running`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+
+import planner
+from api.errors import Overloaded, error_body
+from api.metrics import Metrics
+from api.services.planning import Solver, solve_and_store
+from api.services.scenarios import Assembled
+from api.storage import JobRecord, JobStatus, Store
+
+__all__ = ["JobCancelled", "JobRunner"]
+
+log = logging.getLogger("hetplan.jobs")
+
+_PROGRESS_WRITE_S = 0.25
+_CANCEL_POLL_S = 1.0
+
+
+class JobCancelled(Exception):
+    """Raised from a search's progress callback to stop a cancelled job."""
+
+
+class _Progress:
+    """The progress callback of one job: stores progress (throttled) and stops the search
+    when the job is cancelled, here or from another process."""
+
+    def __init__(self, store: Store, job_id: str, cancelled: threading.Event) -> None:
+        self.store = store
+        self.job_id = job_id
+        self.cancelled = cancelled
+        self.last_write = 0.0
+        self.last_poll = time.monotonic()
+
+    def __call__(self, fraction: float, message: str) -> None:
+        now = time.monotonic()
+        if not self.cancelled.is_set() and now - self.last_poll >= _CANCEL_POLL_S:
+            self.last_poll = now
+            if self.store.get_job(self.job_id).cancel_requested:
+                self.cancelled.set()
+        if self.cancelled.is_set():
+            raise JobCancelled(self.job_id)
+        if now - self.last_write >= _PROGRESS_WRITE_S:
+            self.last_write = now
+            self.store.update_job(self.job_id, progress=min(max(float(fraction), 0.0), 1.0),
+                                  message=str(message)[:500])
+
+
+class JobRunner:
+    def __init__(self, *, store: Store, solver: Solver, metrics: Metrics, workers: int,
+                 max_pending: int) -> None:
+        self.store = store
+        self.solver = solver
+        self.metrics = metrics
+        self.max_pending = max_pending
+        self.workers = workers
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="hetplan-solve")
+        self._closed = False
+        self._lock = threading.Lock()
+        self._cancel: dict[str, threading.Event] = {}
+        self._futures: set[Future[None]] = set()
+
+    @property
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._cancel)
+
+    def submit(self, assembled: Assembled, options: planner.SearchOptions) -> JobRecord:
+        """Queue a search; `Overloaded` when `max_pending` jobs are already waiting."""
+        with self._lock:
+            if len(self._cancel) >= self.max_pending:
+                raise Overloaded(f"{len(self._cancel)} plan jobs are already pending on this "
+                                 "server (max_pending_jobs); retry later or shorten "
+                                 "options.time_limit_s to get an inline answer")
+            job_id = uuid.uuid4().hex
+            event = self._cancel[job_id] = threading.Event()
+            self.metrics.queue_depth.set(len(self._cancel))
+        try:
+            job = self.store.add_job(job_id)
+            future = self._pool.submit(self._run, job_id, assembled, options, event)
+            with self._lock:
+                self._futures.add(future)
+            future.add_done_callback(self._futures.discard)
+        except BaseException:
+            self._forget(job_id)
+            raise
+        return job
+
+    def cancel(self, job_id: str) -> JobRecord:
+        """Ask a job to stop; a queued job is cancelled at once, a running one at its next
+        progress report. Cancelling a finished job changes nothing."""
+        job = self.store.get_job(job_id)
+        if job.status.final:
+            return job
+        # record the request before waking the search, so the answer always shows it
+        job = self.store.update_job(job_id, expect=JobStatus.QUEUED, status=JobStatus.CANCELLED,
+                                    cancel_requested=True, message="cancelled")
+        if not job.status.final:  # it was running (or started meanwhile)
+            job = self.store.update_job(job_id, cancel_requested=True, message="cancelling")
+        with self._lock:
+            event = self._cancel.get(job_id)
+        if event is not None:
+            event.set()
+        return job
+
+    def start(self) -> None:
+        """Take jobs again after `shutdown` (an app whose lifespan runs more than once)."""
+        if self._closed:
+            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="hetplan-solve")
+            self._closed = False
+
+    def shutdown(self, wait_s: float = 5.0) -> None:
+        """Stop taking jobs: pending ones are marked failed (their searches die with the
+        process, and a poller must not wait for them), running searches are asked to stop
+        and given `wait_s` to unwind before the caller closes the database."""
+        with self._lock:
+            pending = dict(self._cancel)
+        for job_id, event in pending.items():
+            event.set()
+            shutdown = Overloaded("the server shut down before this plan job finished; "
+                                  "request the plan again")
+            try:
+                self.store.update_job(job_id, status=JobStatus.FAILED,
+                                      error={**error_body(shutdown), "error": "server_shutdown"},
+                                      message="server shut down")
+            except Exception:  # the database may be gone too; the process is ending anyway
+                log.warning("could not mark job %s failed at shutdown", job_id)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._closed = True
+        with self._lock:
+            running = set(self._futures)
+        wait(running, timeout=wait_s)
+
+    def _run(self, job_id: str, assembled: Assembled, options: planner.SearchOptions,
+             cancelled: threading.Event) -> None:
+        try:
+            if cancelled.is_set() or self.store.get_job(job_id).status.final:
+                self.store.update_job(job_id, status=JobStatus.CANCELLED, message="cancelled")
+                return
+            self.store.update_job(job_id, status=JobStatus.RUNNING, message="solving")
+            record = solve_and_store(
+                assembled, options, solver=self.solver, store=self.store,
+                progress=_Progress(self.store, job_id, cancelled),
+                observe=self.metrics.observe_solve)
+            self.store.update_job(job_id, status=JobStatus.SUCCEEDED, progress=1.0,
+                                  plan_id=record.id, message="done")
+        except JobCancelled:
+            self.store.update_job(job_id, status=JobStatus.CANCELLED, cancel_requested=True,
+                                  message="cancelled")
+        except Exception as error:
+            if not isinstance(error, planner.PlannerError):
+                log.exception("plan job %s failed", job_id)
+            self.store.update_job(job_id, status=JobStatus.FAILED, error=error_body(error),
+                                  message=error_body(error)["message"][:500])
+        finally:
+            self._forget(job_id)
+
+    def _forget(self, job_id: str) -> None:
+        with self._lock:
+            self._cancel.pop(job_id, None)
+            self.metrics.queue_depth.set(len(self._cancel))

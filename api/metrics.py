@@ -1,0 +1,64 @@
+"""Prometheus metrics of one app, in its own registry (so several apps, e.g. in tests,
+never share counters), and the ASGI middleware that counts requests and times them."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+__all__ = ["Metrics", "MetricsMiddleware"]
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+_SOLVE_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("hetplan_http_requests_total", "HTTP requests answered.",
+                                ["method", "route", "status"], registry=self.registry)
+        self.latency = Histogram("hetplan_http_request_duration_seconds",
+                                 "Time to answer an HTTP request.", ["method", "route"],
+                                 buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.solves = Histogram("hetplan_solve_seconds", "Wall time of plan searches.",
+                                ["outcome"], buckets=_SOLVE_BUCKETS, registry=self.registry)
+        self.queue_depth = Gauge("hetplan_jobs_pending",
+                                 "Plan jobs queued or running in this process.",
+                                 registry=self.registry)
+
+    def observe_solve(self, outcome: str, seconds: float) -> None:
+        self.solves.labels(outcome=outcome).observe(seconds)
+
+
+class MetricsMiddleware:
+    """Counts and times every HTTP request by route template (not raw path, which would
+    make one time series per plan id)."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+
+        async def send_and_record(message: Any) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_record)
+        finally:
+            route = getattr(scope.get("route"), "path", "unmatched")
+            method = scope["method"]
+            self.metrics.requests.labels(method=method, route=route, status=str(status)).inc()
+            self.metrics.latency.labels(method=method, route=route).observe(
+                time.perf_counter() - started)

@@ -1,0 +1,32 @@
+"""Plan jobs: status and progress of long searches, and cancellation."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path
+
+from api import schemas
+from api.deps import PlanAuth, ReadAuth, RunnerDep, StoreDep
+from api.errors import ErrorResponses
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=ErrorResponses.common)
+
+JobId = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[0-9a-f]+$")]
+
+
+@router.get("/{job_id}", response_model=schemas.JobPublic, operation_id="get_job",
+            responses=ErrorResponses.not_found, summary="Status and progress of a plan job")
+def get(job_id: JobId, store: StoreDep, _: ReadAuth) -> Any:
+    """When `status` is `succeeded`, `plan_id` names the stored plan (GET /v1/plans/{id});
+    when `failed`, `error` holds the same answer an inline request would have had."""
+    return schemas.JobPublic.model_validate(store.get_job(job_id), from_attributes=True)
+
+
+@router.post("/{job_id}/cancel", status_code=202, response_model=schemas.JobPublic,
+             operation_id="cancel_job", responses=ErrorResponses.not_found,
+             summary="Cancel a plan job")
+def cancel(job_id: JobId, runner: RunnerDep, _: PlanAuth) -> Any:
+    """A queued job is cancelled at once; a running one stops at its next progress report
+    (`status` stays `running` with `cancel_requested` until then)."""
+    return schemas.JobPublic.model_validate(runner.cancel(job_id), from_attributes=True)

@@ -1,0 +1,134 @@
+"""Plans: request one (inline answer or a job), read stored ones, export them; evaluate."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Query, Response
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from api import schemas
+from api.cache import LruCache
+from api.deps import (
+    MetricsDep,
+    PlanAuth,
+    PlanCacheDep,
+    ReadAuth,
+    RunnerDep,
+    SettingsDep,
+    SolverDep,
+    StoreDep,
+)
+from api.errors import ErrorResponses, ExportUnavailable
+from api.services import planning
+from api.services.scenarios import assemble
+from api.storage import Store
+
+router = APIRouter(prefix="/v1/plans", tags=["plans"], responses=ErrorResponses.common)
+evaluate_router = APIRouter(prefix="/v1/evaluate", tags=["plans"],
+                            responses=ErrorResponses.common)
+
+PlanId = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[0-9a-f]+$")]
+
+
+@router.post(
+    "", status_code=201, response_model=schemas.PlanPublic, operation_id="create_plan",
+    summary="Plan a scenario: the plan (201) or, for a long search, a job to poll (202)",
+    responses={**ErrorResponses.write, 202: {"model": schemas.JobPublic,
+                                             "description": "A job; poll GET /v1/jobs/{id}."}},
+)
+def create(body: schemas.PlanRequest, store: StoreDep, settings: SettingsDep,
+           solver: SolverDep, runner: RunnerDep, metrics: MetricsDep, _: PlanAuth,
+           response: Response,
+           job: Annotated[bool, Query(description="Always answer with a job.")] = False,
+           ) -> Any:
+    """Searches whose time limit is at most the server's `sync_solve_threshold_s` are
+    answered inline; longer ones (or `?job=true`) become a job. Time limits above the
+    server's `max_time_limit_s` are capped (`options.time_limit_s` in the answer)."""
+    assembled = assemble(body, store)
+    options = planning.effective_options(body.options.time_limit_s, body.options.exact,
+                                         settings)
+    if job or options.time_limit_s > settings.sync_solve_threshold_s:
+        record = runner.submit(assembled, options)
+        public = schemas.JobPublic.model_validate(record, from_attributes=True)
+        return JSONResponse(public.model_dump(mode="json"), status_code=202,
+                            headers={"Location": f"/v1/jobs/{record.id}"})
+    plan = planning.solve_and_store(assembled, options, solver=solver, store=store,
+                                    observe=metrics.observe_solve)
+    response.headers["Location"] = f"/v1/plans/{plan.id}"
+    return planning.plan_public(plan)
+
+
+@router.get("", response_model=schemas.Page[schemas.PlanSummary], operation_id="list_plans",
+            summary="Stored plans, newest first")
+def list_plans(store: StoreDep, _: ReadAuth,
+               limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+               offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0) -> dict[str, Any]:
+    records, count = store.list_plans(limit=limit, offset=offset)
+    return {"data": [planning.plan_summary(r) for r in records], "count": count}
+
+
+@router.get("/{plan_id}", response_model=schemas.PlanPublic, operation_id="get_plan",
+            responses=ErrorResponses.not_found, summary="A stored plan")
+async def get(plan_id: PlanId, store: StoreDep, cache: PlanCacheDep, _: ReadAuth) -> Response:
+    """Stored plans never change, so their encoded answer is cached per process; a cached
+    plan is answered on the event loop, a miss reads the database on the thread pool."""
+    encoded = cache.get(plan_id)
+    if encoded is None:
+        encoded = await run_in_threadpool(_encoded_plan, store, cache, plan_id)
+    return Response(encoded, media_type="application/json")
+
+
+@router.get("/{plan_id}/scenario", operation_id="get_plan_scenario",
+            responses=ErrorResponses.not_found,
+            summary="The scenario document the plan was computed for")
+def scenario(plan_id: PlanId, store: StoreDep, _: ReadAuth) -> dict[str, Any]:
+    return store.get_plan(plan_id, with_scenario=True).scenario
+
+
+@router.get("/{plan_id}/rankmap", operation_id="get_plan_rankmap",
+            responses={**ErrorResponses.not_found, 501: {"model": schemas.ErrorPublic}},
+            summary="Global rank of every GPU of the plan, per stage and replica")
+def rankmap(plan_id: PlanId, store: StoreDep, _: ReadAuth) -> dict[str, Any]:
+    export = _export_module()
+    import planner
+
+    return export.rank_map(planner.parse_plan(store.get_plan(plan_id).document))
+
+
+@router.get("/{plan_id}/export", operation_id="export_plan",
+            responses={**ErrorResponses.not_found, 501: {"model": schemas.ErrorPublic}},
+            summary="The plan as a launcher configuration")
+def export(plan_id: PlanId, store: StoreDep, _: ReadAuth,
+           format: Annotated[schemas.ExportFormat, Query()]) -> dict[str, Any]:
+    """422 `unsupported_export` with `reasons` when the launcher cannot express the plan."""
+    module = _export_module()
+    import planner
+
+    plan = planner.parse_plan(store.get_plan(plan_id).document)
+    return module.export_plan(plan, format.value)
+
+
+@evaluate_router.post("", response_model=dict[str, Any], operation_id="evaluate_plan",
+                      responses=ErrorResponses.write,
+                      summary="COST_MODEL.md's numbers for a plan (valid or not)")
+def evaluate(body: schemas.EvaluateRequest, store: StoreDep, _: PlanAuth) -> dict[str, Any]:
+    """An invalid plan is an answer (`valid: false`, `errors`), not an error status."""
+    return planning.evaluate(assemble(body, store), body.plan)
+
+
+def _encoded_plan(store: Store, cache: LruCache, plan_id: str) -> bytes:
+    public = schemas.PlanPublic.model_validate(planning.plan_public(store.get_plan(plan_id)))
+    encoded = public.model_dump_json().encode()
+    cache.put(plan_id, encoded)
+    return encoded
+
+
+def _export_module() -> Any:
+    try:
+        from planner import export as module
+    except ImportError as error:
+        raise ExportUnavailable(f"plan export is not available in this installation ({error}); "
+                                "upgrade hetplan to a version with planner.export") from None
+    return module

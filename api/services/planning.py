@@ -1,0 +1,101 @@
+"""Solve a plan request and record the result; evaluate a plan against a scenario."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import planner
+from api.errors import json_safe
+from api.services.scenarios import Assembled
+from api.settings import Settings
+from api.storage import PlanRecord, Store
+from planner.documents import dump_document
+from planner.search.api import ProgressCallback
+
+__all__ = [
+    "Solver",
+    "effective_options",
+    "solve_and_store",
+    "evaluate",
+    "plan_public",
+    "plan_summary",
+]
+
+Solver = Callable[[planner.Scenario, planner.SearchOptions, ProgressCallback | None],
+                  planner.PlanResult]
+"""What the service calls to plan: `planner.plan` in production, a fake in some tests."""
+
+
+def effective_options(requested_time_limit_s: float | None, exact: bool,
+                      settings: Settings) -> planner.SearchOptions:
+    """The search options actually used: the request's time limit, capped by the server."""
+    limit = requested_time_limit_s or settings.default_time_limit_s
+    chosen: dict[str, Any] = {"time_limit_s": min(limit, settings.max_time_limit_s)}
+    if exact and "exact" in {f.name for f in dataclasses.fields(planner.SearchOptions)}:
+        chosen["exact"] = True
+    return planner.SearchOptions(**chosen)
+
+
+def solve_and_store(
+    assembled: Assembled,
+    options: planner.SearchOptions,
+    *,
+    solver: Solver,
+    store: Store,
+    progress: ProgressCallback | None = None,
+    observe: Callable[[str, float], None] | None = None,
+) -> PlanRecord:
+    """Run the solver, store the plan with its sources, and return the stored record.
+    `observe(status, seconds)` is told every solve's outcome (for metrics)."""
+    started = time.perf_counter()
+    try:
+        result = solver(assembled.scenario, options, progress)
+    except Exception as error:
+        if observe is not None:
+            observe(type(error).__name__, time.perf_counter() - started)
+        raise
+    if observe is not None:
+        observe(str(result.status), result.wall_s)
+    record = PlanRecord(
+        id=uuid.uuid4().hex,
+        created_at=datetime.now(UTC),
+        status=str(result.status),
+        wall_s=float(result.wall_s),
+        document=json_safe(dump_document(result.plan)),
+        evaluation=json_safe(result.evaluation.to_dict()),
+        unused_gpus=dict(result.unused_gpus),
+        sources=assembled.sources,
+        options={"time_limit_s": options.time_limit_s,
+                 "exact": bool(getattr(options, "exact", False))},
+        scenario=json_safe(assembled.document),
+    )
+    store.add_plan(record)
+    return record
+
+
+def evaluate(assembled: Assembled, plan_document: dict[str, Any]) -> dict[str, Any]:
+    """COST_MODEL.md's numbers for a plan; an invalid plan is an answer, not an error."""
+    plan = planner.parse_plan(plan_document)
+    return json_safe(planner.evaluate(assembled.scenario, plan).to_dict())
+
+
+def plan_public(record: PlanRecord) -> dict[str, Any]:
+    return {
+        "id": record.id, "created_at": record.created_at.isoformat(), "status": record.status,
+        "wall_s": record.wall_s, "plan": record.document, "evaluation": record.evaluation,
+        "unused_gpus": record.unused_gpus, "sources": record.sources,
+        "options": record.options,
+    }
+
+
+def plan_summary(record: PlanRecord) -> dict[str, Any]:
+    return {
+        "id": record.id, "created_at": record.created_at, "status": record.status,
+        "wall_s": record.wall_s, "iteration_s": record.evaluation.get("iteration_s"),
+        "samples_per_s": record.evaluation.get("samples_per_s"),
+    }

@@ -1,0 +1,86 @@
+"""Operator settings of the service, read from `HETPLAN_*` environment variables.
+
+Everything the service may vary by deployment lives here so that `create_app(settings)`
+is the only way configuration enters the app: tests pass their own `Settings`, the
+CLI and the container read the environment.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from enum import StrEnum
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["Scope", "Settings", "ExposureRefused", "check_exposure", "is_loopback"]
+
+
+class Scope(StrEnum):
+    """What a bearer token may do. Any valid token may read; `admin` may do everything."""
+
+    UPLOAD = "upload"
+    """Write measurements and catalogue entries: profiles, links, GPU types, models, clusters."""
+    PLAN = "plan"
+    """Request plans and evaluations, cancel plan jobs."""
+    ADMIN = "admin"
+    """Everything."""
+
+
+class Settings(BaseSettings):
+    """Service settings. Each maps to `HETPLAN_<NAME>` (e.g. `HETPLAN_DATABASE_URL`)."""
+
+    model_config = SettingsConfigDict(env_prefix="HETPLAN_", extra="ignore")
+
+    database_url: str = "sqlite:///./hetplan.db"
+    """SQLAlchemy URL. `sqlite:///PATH` (embedded default, a file in the working directory)
+    or `postgresql+psycopg://USER:PASSWORD@HOST:PORT/DB` (`postgresql://` is accepted too)."""
+    tokens: dict[str, list[Scope]] = Field(default_factory=dict)
+    """Bearer token -> scopes, as JSON: `{"s3cret": ["upload"], "0ther": ["plan", "admin"]}`.
+    Empty: no authentication (only allowed on loopback unless `open` is set)."""
+    open: bool = False
+    """Allow serving on a non-loopback address without tokens: everyone may do everything."""
+    read_requires_token: bool = False
+    """When tokens are configured: require a valid token for GET requests too."""
+    max_body_bytes: int = Field(default=8 * 2**20, ge=1024)
+    """Largest request body accepted; larger bodies get 413."""
+    default_time_limit_s: float = Field(default=5.0, gt=0)
+    """Solver time limit of a plan request that does not name one."""
+    max_time_limit_s: float = Field(default=300.0, gt=0)
+    """Cap on any requested solver time limit (requests above it are capped, not refused)."""
+    sync_solve_threshold_s: float = Field(default=5.0, ge=0)
+    """Plan requests whose time limit is at most this are solved inline (201); longer ones
+    become jobs (202) to poll."""
+    solver_workers: int = Field(default=1, ge=1, le=64)
+    """Threads that run plan jobs in each server process."""
+    max_pending_jobs: int = Field(default=32, ge=1)
+    """Queued plus running jobs per process above which new long solves get 503."""
+    plan_cache_size: int = Field(default=4096, ge=0)
+    """Stored plans kept in memory per process (plans are immutable, so caching is safe)."""
+    migrate_on_startup: bool = True
+    """Run Alembic's upgrade to the newest schema when the app starts."""
+
+
+class ExposureRefused(Exception):
+    """Serving on a reachable address without tokens was refused."""
+
+
+def is_loopback(host: str) -> bool:
+    """True for addresses only this machine can reach (`localhost`, 127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(host: str, settings: Settings) -> None:
+    """Refuse to listen on a non-loopback address without tokens unless told to run open."""
+    if settings.tokens or settings.open or is_loopback(host):
+        return
+    raise ExposureRefused(
+        f"refusing to serve on {host!r} without tokens: anyone who can reach it could upload "
+        "profiles and run solves. Set HETPLAN_TOKENS='{\"TOKEN\": [\"admin\"]}', listen on "
+        "127.0.0.1, or set HETPLAN_OPEN=true (or pass --open) to run without authentication."
+    )

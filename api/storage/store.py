@@ -1,0 +1,552 @@
+"""`Store`: every read and write of the service, as typed records in and out.
+
+Each method runs in its own transaction, so a write is all or nothing: an upload that
+fails half-way (bad row, lost connection, killed process) leaves no version and no rows.
+Versions are `max + 1` inside the writing transaction; two concurrent uploads of the same
+thing collide on the unique constraint and the loser retries with the next version.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError
+
+from api.errors import IdempotencyKeyReused, NotFound
+from api.storage import tables as t
+
+__all__ = [
+    "Catalogue",
+    "Versioned",
+    "ProfilePoint",
+    "ProfileSetRecord",
+    "LinkRow",
+    "LinkSetRecord",
+    "PlanRecord",
+    "JobStatus",
+    "JobRecord",
+    "Store",
+]
+
+T = TypeVar("T")
+_RETRIES = 20
+
+
+class Catalogue(StrEnum):
+    """Named, versioned documents kept whole: GPU types, models, clusters."""
+
+    GPU_TYPE = "gpu_type"
+    MODEL = "model"
+    CLUSTER = "cluster"
+
+
+_CATALOGUE_TABLES = {
+    Catalogue.GPU_TYPE: t.gpu_types,
+    Catalogue.MODEL: t.models,
+    Catalogue.CLUSTER: t.clusters,
+}
+_REGISTER_HINT = {
+    Catalogue.GPU_TYPE: "POST /v1/gpu-types",
+    Catalogue.MODEL: "POST /v1/models",
+    Catalogue.CLUSTER: "POST /v1/clusters",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Versioned:
+    id: int
+    name: str
+    version: int
+    document: dict[str, Any]
+    created_at: datetime
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProfilePoint:
+    """One profile row of COST_MODEL.md section 1, without the GPU type (its set has it)."""
+
+    kind: str
+    micro_batch: int
+    tp: int
+    forward_ms: float
+    backward_ms: float
+    activation_bytes: float
+    uploaded: bool = True
+    """False when carried over unchanged from the previous version."""
+
+    @property
+    def point(self) -> tuple[str, int, int]:
+        return (self.kind, self.micro_batch, self.tp)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProfileSetRecord:
+    id: int
+    model: str
+    gpu_type: str
+    version: int
+    source: dict[str, Any] | None
+    row_count: int
+    uploaded_count: int
+    replaced_count: int
+    created_at: datetime
+    rows: tuple[ProfilePoint, ...] = ()
+    replayed: bool = False
+    """True when this answers a repeated Idempotency-Key instead of a new upload."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LinkRow:
+    scope: str
+    bandwidth_gb_per_s: float
+    latency_us: float
+    gpu_type: str | None = None
+    zones: tuple[str, str] | None = None
+    uploaded: bool = True
+
+    @property
+    def key(self) -> tuple[str, str | None, tuple[str, ...] | None]:
+        return (self.scope, self.gpu_type, tuple(sorted(self.zones)) if self.zones else None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LinkSetRecord:
+    id: int
+    version: int
+    row_count: int
+    uploaded_count: int
+    replaced_count: int
+    created_at: datetime
+    links: tuple[LinkRow, ...] = ()
+    replayed: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanRecord:
+    id: str
+    created_at: datetime
+    status: str
+    wall_s: float
+    document: dict[str, Any]
+    evaluation: dict[str, Any]
+    unused_gpus: dict[str, str]
+    sources: dict[str, Any]
+    options: dict[str, Any]
+    scenario: dict[str, Any] = field(default_factory=dict)
+
+
+class JobStatus(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def final(self) -> bool:
+        return self in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobRecord:
+    id: str
+    created_at: datetime
+    updated_at: datetime
+    status: JobStatus
+    progress: float
+    message: str
+    plan_id: str | None
+    error: dict[str, Any] | None
+    cancel_requested: bool
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _utc(value: datetime) -> datetime:
+    """SQLite hands back naive datetimes; everything we store is UTC."""
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+class Store:
+    """Typed access to the database behind `engine` (SQLite or PostgreSQL)."""
+
+    def __init__(self, engine: sa.Engine) -> None:
+        self.engine = engine
+
+    def ping(self) -> None:
+        """Raise if the database cannot answer a trivial query."""
+        with self.engine.connect() as connection:
+            connection.execute(sa.text("SELECT 1"))
+
+    def _write(self, write: Callable[[sa.Connection], T]) -> T:
+        """Run `write` in one transaction, retrying when a concurrent writer took the
+        version number (or idempotency key) it wanted."""
+        for attempt in range(_RETRIES):
+            try:
+                with self.engine.begin() as connection:
+                    return write(connection)
+            except IntegrityError:
+                if attempt == _RETRIES - 1:
+                    raise
+                time.sleep(random.uniform(0, 0.005 * (attempt + 1)))  # de-synchronise losers
+        raise AssertionError("unreachable")
+
+    # -- catalogue: GPU types, models, clusters ---------------------------------------
+
+    def put_document(self, kind: Catalogue, name: str, document: dict[str, Any]) -> Versioned:
+        """Store `document` as the next version of `name`."""
+        table = _CATALOGUE_TABLES[kind]
+
+        def write(connection: sa.Connection) -> Versioned:
+            latest = connection.execute(
+                sa.select(sa.func.max(table.c.version)).where(table.c.name == name)
+            ).scalar_one()
+            values: dict[str, Any] = {"name": name, "version": (latest or 0) + 1,
+                                      "document": document,
+                      "created_at": _now()}
+            new_id = connection.execute(sa.insert(table).values(**values)).inserted_primary_key
+            assert new_id is not None
+            return Versioned(id=new_id[0], **values)
+
+        return self._write(write)
+
+    def get_document(self, kind: Catalogue, name: str, version: int | None = None) -> Versioned:
+        """`name` at `version` (default: the newest), or `NotFound` saying how to add it."""
+        table = _CATALOGUE_TABLES[kind]
+        query = sa.select(table).where(table.c.name == name)
+        query = (query.where(table.c.version == version) if version is not None
+                 else query.order_by(table.c.version.desc()).limit(1))
+        with self.engine.connect() as connection:
+            row = connection.execute(query).first()
+        if row is None:
+            at = "" if version is None else f" version {version}"
+            raise NotFound(f"no {kind.value.replace('_', ' ')} {name!r}{at} is stored; "
+                           f"register it with {_REGISTER_HINT[kind]}")
+        return self._versioned(row)
+
+    def list_documents(self, kind: Catalogue, *, limit: int, offset: int
+                       ) -> tuple[list[Versioned], int]:
+        """The newest version of each name, by name, and how many names there are."""
+        table = _CATALOGUE_TABLES[kind]
+        newest = (sa.select(table.c.name, sa.func.max(table.c.version).label("version"))
+                  .group_by(table.c.name).subquery())
+        query = (sa.select(table)
+                 .join(newest, sa.and_(table.c.name == newest.c.name,
+                                       table.c.version == newest.c.version))
+                 .order_by(table.c.name).limit(limit).offset(offset))
+        with self.engine.connect() as connection:
+            rows = connection.execute(query).all()
+            total = connection.execute(sa.select(sa.func.count()).select_from(newest)).scalar()
+        return [self._versioned(row) for row in rows], int(total or 0)
+
+    @staticmethod
+    def _versioned(row: sa.Row[Any]) -> Versioned:
+        return Versioned(id=row.id, name=row.name, version=row.version,
+                         document=row.document, created_at=_utc(row.created_at))
+
+    # -- profiles ------------------------------------------------------------------------
+
+    def add_profile_set(
+        self,
+        *,
+        model: str,
+        gpu_type: str,
+        rows: Sequence[ProfilePoint],
+        source: dict[str, Any] | None,
+        body_sha256: str,
+        idempotency_key: str | None = None,
+    ) -> ProfileSetRecord:
+        """A new version of the (model, GPU type) profiles: the previous version's rows with
+        the uploaded points replacing theirs. Same key and body as before: that answer."""
+
+        def write(connection: sa.Connection) -> ProfileSetRecord:
+            if idempotency_key is not None:
+                earlier = connection.execute(sa.select(t.profile_sets).where(
+                    t.profile_sets.c.idempotency_key == idempotency_key)).first()
+                if earlier is not None:
+                    _check_same_body(earlier.body_sha256, body_sha256, idempotency_key)
+                    return self._profile_set(connection, earlier, replayed=True, with_rows=False)
+            previous = connection.execute(
+                sa.select(t.profile_sets)
+                .where(t.profile_sets.c.model == model, t.profile_sets.c.gpu_type == gpu_type)
+                .order_by(t.profile_sets.c.version.desc()).limit(1)
+            ).first()
+            uploaded = {row.point: row for row in rows}
+            carried: list[ProfilePoint] = []
+            replaced = 0
+            if previous is not None:
+                for old in self._profile_points(connection, previous.id):
+                    if old.point in uploaded:
+                        replaced += 1
+                    else:
+                        carried.append(_carried(old))
+            values: dict[str, Any] = {
+                "model": model, "gpu_type": gpu_type,
+                "version": 1 if previous is None else previous.version + 1,
+                "source": source, "idempotency_key": idempotency_key,
+                "body_sha256": body_sha256, "row_count": len(uploaded) + len(carried),
+                "uploaded_count": len(uploaded), "replaced_count": replaced,
+                "created_at": _now(),
+            }
+            set_id = connection.execute(
+                sa.insert(t.profile_sets).values(**values)).inserted_primary_key
+            assert set_id is not None
+            all_rows = [*uploaded.values(), *carried]
+            connection.execute(sa.insert(t.profile_rows), [
+                {"set_id": set_id[0], "kind": r.kind, "micro_batch": r.micro_batch, "tp": r.tp,
+                 "forward_ms": r.forward_ms, "backward_ms": r.backward_ms,
+                 "activation_bytes": r.activation_bytes, "uploaded": r.uploaded}
+                for r in all_rows
+            ])
+            del values["idempotency_key"], values["body_sha256"]
+            return ProfileSetRecord(id=set_id[0], rows=tuple(all_rows), **values)
+
+        return self._write(write)
+
+    def get_profile_set(self, set_id: int) -> ProfileSetRecord:
+        with self.engine.connect() as connection:
+            row = connection.execute(
+                sa.select(t.profile_sets).where(t.profile_sets.c.id == set_id)).first()
+            if row is None:
+                raise NotFound(f"no profile set with id {set_id}; list them with "
+                               "GET /v1/profiles/sets")
+            return self._profile_set(connection, row)
+
+    def find_profile_set(self, model: str, gpu_type: str, version: int | None = None
+                         ) -> ProfileSetRecord | None:
+        """The (model, GPU type) profiles at `version` (default: newest), with rows."""
+        query = sa.select(t.profile_sets).where(
+            t.profile_sets.c.model == model, t.profile_sets.c.gpu_type == gpu_type)
+        query = (query.where(t.profile_sets.c.version == version) if version is not None
+                 else query.order_by(t.profile_sets.c.version.desc()).limit(1))
+        with self.engine.connect() as connection:
+            row = connection.execute(query).first()
+            return None if row is None else self._profile_set(connection, row)
+
+    def list_profile_sets(self, *, model: str | None = None, gpu_type: str | None = None,
+                          newest_only: bool = False, limit: int = 100, offset: int = 0
+                          ) -> tuple[list[ProfileSetRecord], int]:
+        """Profile sets (without rows), newest first, filtered by model and GPU type."""
+        ps = t.profile_sets
+        query = sa.select(ps)
+        if model is not None:
+            query = query.where(ps.c.model == model)
+        if gpu_type is not None:
+            query = query.where(ps.c.gpu_type == gpu_type)
+        if newest_only:
+            newest = (sa.select(ps.c.model, ps.c.gpu_type,
+                                sa.func.max(ps.c.version).label("version"))
+                      .group_by(ps.c.model, ps.c.gpu_type).subquery())
+            query = query.join(newest, sa.and_(ps.c.model == newest.c.model,
+                                               ps.c.gpu_type == newest.c.gpu_type,
+                                               ps.c.version == newest.c.version))
+        with self.engine.connect() as connection:
+            total = connection.execute(
+                sa.select(sa.func.count()).select_from(query.subquery())).scalar()
+            rows = connection.execute(
+                query.order_by(ps.c.model, ps.c.gpu_type, ps.c.version.desc())
+                .limit(limit).offset(offset)).all()
+            found = [self._profile_set(connection, row, with_rows=False) for row in rows]
+        return found, int(total or 0)
+
+    def _profile_set(self, connection: sa.Connection, row: sa.Row[Any], *,
+                     replayed: bool = False, with_rows: bool = True) -> ProfileSetRecord:
+        points = tuple(self._profile_points(connection, row.id)) if with_rows else ()
+        return ProfileSetRecord(
+            id=row.id, model=row.model, gpu_type=row.gpu_type, version=row.version,
+            source=row.source, row_count=row.row_count, uploaded_count=row.uploaded_count,
+            replaced_count=row.replaced_count, created_at=_utc(row.created_at), rows=points,
+            replayed=replayed)
+
+    @staticmethod
+    def _profile_points(connection: sa.Connection, set_id: int) -> list[ProfilePoint]:
+        pr = t.profile_rows
+        rows = connection.execute(
+            sa.select(pr).where(pr.c.set_id == set_id)
+            .order_by(pr.c.kind, pr.c.micro_batch, pr.c.tp)).all()
+        return [ProfilePoint(kind=r.kind, micro_batch=r.micro_batch, tp=r.tp,
+                             forward_ms=r.forward_ms, backward_ms=r.backward_ms,
+                             activation_bytes=r.activation_bytes, uploaded=r.uploaded)
+                for r in rows]
+
+    # -- links ---------------------------------------------------------------------------
+
+    def add_link_set(self, *, links: Sequence[LinkRow], body_sha256: str,
+                     idempotency_key: str | None = None) -> LinkSetRecord:
+        """A new version of the link catalogue: the previous links with the uploaded ones
+        replacing those of the same scope, GPU type and zone pair."""
+
+        def write(connection: sa.Connection) -> LinkSetRecord:
+            if idempotency_key is not None:
+                earlier = connection.execute(sa.select(t.link_sets).where(
+                    t.link_sets.c.idempotency_key == idempotency_key)).first()
+                if earlier is not None:
+                    _check_same_body(earlier.body_sha256, body_sha256, idempotency_key)
+                    return self._link_set(connection, earlier, replayed=True)
+            previous = connection.execute(
+                sa.select(t.link_sets).order_by(t.link_sets.c.version.desc()).limit(1)).first()
+            uploaded = {link.key: link for link in links}
+            carried: list[LinkRow] = []
+            replaced = 0
+            if previous is not None:
+                for old in self._link_rows(connection, previous.id):
+                    if old.key in uploaded:
+                        replaced += 1
+                    else:
+                        carried.append(LinkRow(scope=old.scope, gpu_type=old.gpu_type,
+                                               zones=old.zones, uploaded=False,
+                                               bandwidth_gb_per_s=old.bandwidth_gb_per_s,
+                                               latency_us=old.latency_us))
+            values: dict[str, Any] = {
+                "version": 1 if previous is None else previous.version + 1,
+                "idempotency_key": idempotency_key, "body_sha256": body_sha256,
+                "row_count": len(uploaded) + len(carried), "uploaded_count": len(uploaded),
+                "replaced_count": replaced, "created_at": _now(),
+            }
+            set_id = connection.execute(
+                sa.insert(t.link_sets).values(**values)).inserted_primary_key
+            assert set_id is not None
+            all_links = [*uploaded.values(), *carried]
+            connection.execute(sa.insert(t.link_rows), [
+                {"set_id": set_id[0], "scope": link.scope, "gpu_type": link.gpu_type,
+                 "zone_a": link.zones[0] if link.zones else None,
+                 "zone_b": link.zones[1] if link.zones else None,
+                 "bandwidth_gb_per_s": link.bandwidth_gb_per_s, "latency_us": link.latency_us,
+                 "uploaded": link.uploaded}
+                for link in all_links
+            ])
+            del values["idempotency_key"], values["body_sha256"]
+            return LinkSetRecord(id=set_id[0], links=tuple(all_links), **values)
+
+        return self._write(write)
+
+    def get_link_set(self, version: int | None = None) -> LinkSetRecord | None:
+        """The link catalogue at `version` (default: newest); None when nothing is stored."""
+        query = sa.select(t.link_sets)
+        query = (query.where(t.link_sets.c.version == version) if version is not None
+                 else query.order_by(t.link_sets.c.version.desc()).limit(1))
+        with self.engine.connect() as connection:
+            row = connection.execute(query).first()
+            return None if row is None else self._link_set(connection, row)
+
+    def _link_set(self, connection: sa.Connection, row: sa.Row[Any], *,
+                  replayed: bool = False) -> LinkSetRecord:
+        return LinkSetRecord(
+            id=row.id, version=row.version, row_count=row.row_count,
+            uploaded_count=row.uploaded_count, replaced_count=row.replaced_count,
+            created_at=_utc(row.created_at), links=tuple(self._link_rows(connection, row.id)),
+            replayed=replayed)
+
+    @staticmethod
+    def _link_rows(connection: sa.Connection, set_id: int) -> list[LinkRow]:
+        lr = t.link_rows
+        rows = connection.execute(
+            sa.select(lr).where(lr.c.set_id == set_id).order_by(lr.c.id)).all()
+        return [LinkRow(scope=r.scope, gpu_type=r.gpu_type,
+                        zones=(r.zone_a, r.zone_b) if r.zone_a is not None else None,
+                        bandwidth_gb_per_s=r.bandwidth_gb_per_s, latency_us=r.latency_us,
+                        uploaded=r.uploaded) for r in rows]
+
+    # -- plans ---------------------------------------------------------------------------
+
+    def add_plan(self, plan: PlanRecord) -> None:
+        values = {f: getattr(plan, f) for f in PlanRecord.__dataclass_fields__}
+        with self.engine.begin() as connection:
+            connection.execute(sa.insert(t.plans).values(**values))
+
+    def get_plan(self, plan_id: str, *, with_scenario: bool = False) -> PlanRecord:
+        columns = [c for c in t.plans.c if with_scenario or c.name != "scenario"]
+        with self.engine.connect() as connection:
+            row = connection.execute(
+                sa.select(*columns).where(t.plans.c.id == plan_id)).first()
+        if row is None:
+            raise NotFound(f"no plan with id {plan_id!r}; list stored plans with GET /v1/plans")
+        values = row._asdict()
+        values["created_at"] = _utc(values["created_at"])
+        return PlanRecord(**values)
+
+    def list_plans(self, *, limit: int, offset: int) -> tuple[list[PlanRecord], int]:
+        """Plans newest first, without their documents' scenario copies."""
+        columns = [c for c in t.plans.c if c.name != "scenario"]
+        with self.engine.connect() as connection:
+            rows = connection.execute(
+                sa.select(*columns).order_by(t.plans.c.created_at.desc(), t.plans.c.id)
+                .limit(limit).offset(offset)).all()
+            total = connection.execute(sa.select(sa.func.count()).select_from(t.plans)).scalar()
+        plans = []
+        for row in rows:
+            values = row._asdict()
+            values["created_at"] = _utc(values["created_at"])
+            plans.append(PlanRecord(**values))
+        return plans, int(total or 0)
+
+    # -- jobs ----------------------------------------------------------------------------
+
+    def add_job(self, job_id: str) -> JobRecord:
+        now = _now()
+        values = {"id": job_id, "created_at": now, "updated_at": now,
+                  "status": JobStatus.QUEUED.value, "progress": 0.0, "message": "queued",
+                  "plan_id": None, "error": None, "cancel_requested": False}
+        with self.engine.begin() as connection:
+            connection.execute(sa.insert(t.jobs).values(**values))
+        return self._job(values)
+
+    def update_job(self, job_id: str, *, expect: JobStatus | None = None,
+                   **changes: Any) -> JobRecord:
+        """Change a job's fields; a job that reached a final status is never changed, nor
+        one whose status is not `expect` (when given)."""
+        changes["updated_at"] = _now()
+        if "status" in changes:
+            changes["status"] = JobStatus(changes["status"]).value
+        final = [s.value for s in JobStatus if s.final]
+        query = sa.update(t.jobs).where(t.jobs.c.id == job_id, t.jobs.c.status.not_in(final))
+        if expect is not None:
+            query = query.where(t.jobs.c.status == expect.value)
+        with self.engine.begin() as connection:
+            connection.execute(query.values(**changes))
+        return self.get_job(job_id)
+
+    def get_job(self, job_id: str) -> JobRecord:
+        with self.engine.connect() as connection:
+            row = connection.execute(sa.select(t.jobs).where(t.jobs.c.id == job_id)).first()
+        if row is None:
+            raise NotFound(f"no job with id {job_id!r}; jobs are created by POST /v1/plans")
+        return self._job(row._asdict())
+
+    @staticmethod
+    def _job(values: dict[str, Any]) -> JobRecord:
+        values = dict(values)
+        values["status"] = JobStatus(values["status"])
+        values["created_at"] = _utc(values["created_at"])
+        values["updated_at"] = _utc(values["updated_at"])
+        return JobRecord(**values)
+
+    # -- table counts, for tests and readiness --------------------------------------------
+
+    def count_rows(self, tables: Iterable[str]) -> dict[str, int]:
+        with self.engine.connect() as connection:
+            return {name: int(connection.execute(
+                sa.select(sa.func.count()).select_from(t.metadata.tables[name])).scalar() or 0)
+                for name in tables}
+
+
+def _carried(point: ProfilePoint) -> ProfilePoint:
+    return ProfilePoint(kind=point.kind, micro_batch=point.micro_batch, tp=point.tp,
+                        forward_ms=point.forward_ms, backward_ms=point.backward_ms,
+                        activation_bytes=point.activation_bytes, uploaded=False)
+
+
+def _check_same_body(stored_sha256: str, sha256: str, key: str) -> None:
+    if stored_sha256 != sha256:
+        raise IdempotencyKeyReused(
+            f"Idempotency-Key {key!r} was already used with a different body; send a new key "
+            "for a new upload, or resend exactly the same body to get the earlier answer")

@@ -1,0 +1,97 @@
+"""A bounded schemathesis pass over the whole OpenAPI document, on SQLite and on
+PostgreSQL: no request gets a 5xx.
+
+Schemathesis needs the schema when it makes the tests, so the apps are built at import:
+on a SQLite file in a temporary folder, and in a fresh PostgreSQL schema when the server
+is reachable; the module fixture removes both.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import schemathesis
+import sqlalchemy as sa
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, settings
+
+from api.app import create_app
+from api.settings import Settings
+from api.storage import make_engine, migrate
+from tests.api.conftest import _PG_PROBLEM, DATA, PG_URL, register_catalogue
+
+_FOLDER = Path(tempfile.mkdtemp(prefix="hetplan-fuzz-"))
+_PG_SCHEMA = f"fuzz_{uuid.uuid4().hex[:12]}"
+_LIMITS = {"max_time_limit_s": 0.5, "sync_solve_threshold_s": 1, "max_body_bytes": 256 * 1024}
+
+
+def _app(database_url: str) -> FastAPI:
+    return create_app(Settings(database_url=database_url, **_LIMITS))
+
+
+SQLITE_APP = _app(f"sqlite:///{_FOLDER / 'fuzz.db'}")
+PG_URL_FUZZ = f"{PG_URL}?options=-csearch_path%3D{_PG_SCHEMA}"
+PG_APP = create_app(Settings(database_url=PG_URL_FUZZ, migrate_on_startup=False, **_LIMITS))
+"""Its schema is made (and migrated) by the fixture, not at import."""
+sqlite_schema = schemathesis.openapi.from_asgi("/openapi.json", SQLITE_APP)
+pg_schema = schemathesis.openapi.from_asgi("/openapi.json", PG_APP)
+FUZZ = settings(max_examples=4, deadline=None, derandomize=True,
+                suppress_health_check=list(HealthCheck))
+
+
+def _serve(app: FastAPI) -> Iterator[None]:
+    with TestClient(app) as client:
+        register_catalogue(client, json.loads((DATA / "scenario.json").read_text()))
+        yield
+
+
+@pytest.fixture(scope="module")
+def sqlite_served() -> Iterator[None]:
+    try:
+        yield from _serve(SQLITE_APP)
+    finally:
+        shutil.rmtree(_FOLDER, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def pg_served() -> Iterator[None]:
+    if _PG_PROBLEM:
+        pytest.skip(_PG_PROBLEM)
+    admin = sa.create_engine(PG_URL)
+    with admin.begin() as connection:
+        connection.execute(sa.text(f'CREATE SCHEMA "{_PG_SCHEMA}"'))
+    try:
+        engine = make_engine(PG_URL_FUZZ)
+        migrate(engine)
+        engine.dispose()
+        yield from _serve(PG_APP)
+    finally:
+        with admin.begin() as connection:
+            connection.execute(sa.text(f'DROP SCHEMA "{_PG_SCHEMA}" CASCADE'))
+        admin.dispose()
+
+
+def _check(case: Any) -> None:
+    response = case.call()
+    assert response.status_code < 500, (
+        f"{case.method} {case.formatted_path} -> {response.status_code}: {response.text[:500]}")
+
+
+@sqlite_schema.parametrize()
+@FUZZ
+def test_no_request_gets_a_server_error_on_sqlite(case: Any, sqlite_served: None) -> None:
+    _check(case)
+
+
+@pg_schema.parametrize()
+@FUZZ
+def test_no_request_gets_a_server_error_on_postgresql(case: Any, pg_served: None) -> None:
+    _check(case)

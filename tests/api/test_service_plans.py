@@ -1,0 +1,409 @@
+"""Plans: inline solves and jobs (progress, cancel), stored plans with their sources,
+evaluation, export, and the error paths of plan requests."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+import planner
+from planner.search import PlanResult
+from tests.api.conftest import MakeClient, fixed_solver, register_catalogue
+
+
+def wait_job(client: TestClient, job_id: str, timeout_s: float = 30) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        job = client.get(f"/v1/jobs/{job_id}").json()
+        if job["status"] in ("succeeded", "failed", "cancelled"):
+            return job
+        time.sleep(0.05)
+    raise AssertionError(f"job {job_id} did not end in {timeout_s} s")
+
+
+def test_plan_for_stored_cluster_is_solved_by_the_planner_and_stored(
+        client: TestClient, scenario: dict[str, Any]) -> None:
+    register_catalogue(client, scenario)
+    request = {"cluster": "lab", "model": scenario["model"]["name"], "job": scenario["job"],
+               "options": {"time_limit_s": 2}}
+    response = client.post("/v1/plans", json=request)
+    assert response.status_code == 201, response.text
+    body = response.json()
+    assert body["status"] in ("optimal", "feasible", "heuristic")
+    assert body["evaluation"]["valid"] is True
+    # the stored plan, re-evaluated from scratch, gives the numbers the answer carries
+    again = planner.evaluate(planner.parse_scenario(scenario), planner.parse_plan(body["plan"]))
+    assert again.iteration_s == pytest.approx(body["evaluation"]["iteration_s"], rel=1e-9)
+    assert client.get(response.headers["location"]).json() == body
+    assert body["sources"]["profiles"] == {"A100-80G": {"id": 1, "version": 1},
+                                           "V100-32G": {"id": 2, "version": 1}}
+    assert body["sources"]["cluster"] == {"name": "lab", "version": 1}
+    assert body["options"] == {"time_limit_s": 2, "exact": False}
+
+
+def test_plan_for_a_whole_scenario_document(client: TestClient,
+                                            scenario: dict[str, Any]) -> None:
+    response = client.post("/v1/plans", json={"scenario": scenario,
+                                              "options": {"time_limit_s": 2}})
+    assert response.status_code == 201, response.text
+    assert response.json()["sources"] == {"scenario": "inline"}
+    stored = client.get(f"/v1/plans/{response.json()['id']}/scenario").json()
+    assert stored["model"]["layers"] == scenario["model"]["layers"]
+
+
+def test_plan_records_pinned_profile_versions(make_client: MakeClient,
+                                              scenario: dict[str, Any],
+                                              plan_document: dict[str, Any]) -> None:
+    client = make_client(solver=fixed_solver(plan_document))
+    register_catalogue(client, scenario)
+    register_catalogue_profiles_again = scenario["profiles"][:1]
+    client.post("/v1/profiles", json={"model": scenario["model"]["name"],
+                                      "gpu_type": "A100-80G",
+                                      "rows": [{k: v for k, v in r.items() if k != "gpu_type"}
+                                               for r in register_catalogue_profiles_again]})
+    base = {"cluster": {"name": "lab"}, "model": scenario["model"]["name"],
+            "job": scenario["job"], "options": {"time_limit_s": 1}}
+    newest = client.post("/v1/plans", json=base).json()
+    assert newest["sources"]["profiles"]["A100-80G"]["version"] == 2
+    pinned = client.post("/v1/plans", json={**base, "profile_versions": {"A100-80G": 1}}).json()
+    assert pinned["sources"]["profiles"]["A100-80G"] == {"id": 1, "version": 1}
+
+
+def test_long_plan_becomes_a_job_with_progress_and_a_stored_plan(
+        make_client: MakeClient, scenario: dict[str, Any],
+        plan_document: dict[str, Any]) -> None:
+    client = make_client(solver=fixed_solver(plan_document, progress_steps=3),
+                         sync_solve_threshold_s=1)
+    response = client.post("/v1/plans", json={"scenario": scenario,
+                                              "options": {"time_limit_s": 30}})
+    assert response.status_code == 202
+    assert response.headers["location"] == f"/v1/jobs/{response.json()['id']}"
+    job = wait_job(client, response.json()["id"])
+    assert (job["status"], job["progress"]) == ("succeeded", 1.0)
+    plan = client.get(f"/v1/plans/{job['plan_id']}").json()
+    assert plan["plan"]["pipelines"] == plan_document["pipelines"]
+
+
+def test_job_query_forces_a_job(make_client: MakeClient, scenario: dict[str, Any],
+                                plan_document: dict[str, Any]) -> None:
+    client = make_client(solver=fixed_solver(plan_document))
+    response = client.post("/v1/plans?job=true", json={"scenario": scenario})
+    assert response.status_code == 202
+    assert wait_job(client, response.json()["id"])["status"] == "succeeded"
+
+
+def blocking_solver(started: threading.Event, release: threading.Event) -> Any:
+    """Reports progress until released (cancel must stop it through progress)."""
+
+    def solve(scenario: planner.Scenario, options: planner.SearchOptions,
+              progress: Any) -> PlanResult:
+        started.set()
+        while not release.wait(0.01):
+            progress(0.5, "searching")
+        raise AssertionError("released without being cancelled")
+
+    return solve
+
+
+def test_running_job_is_cancelled(make_client: MakeClient, scenario: dict[str, Any]) -> None:
+    started, release = threading.Event(), threading.Event()
+    client = make_client(solver=blocking_solver(started, release))
+    try:
+        job = client.post("/v1/plans?job=true", json={"scenario": scenario}).json()
+        assert started.wait(10)
+        cancel = client.post(f"/v1/jobs/{job['id']}/cancel")
+        assert cancel.status_code == 202
+        assert cancel.json()["cancel_requested"] is True
+        final = wait_job(client, job["id"])
+        assert final["status"] == "cancelled" and final["plan_id"] is None
+        assert client.get("/v1/plans").json()["count"] == 0
+    finally:
+        release.set()
+
+
+def test_queued_job_is_cancelled_before_it_starts(make_client: MakeClient,
+                                                  scenario: dict[str, Any]) -> None:
+    started, release = threading.Event(), threading.Event()
+    client = make_client(solver=blocking_solver(started, release), solver_workers=1)
+    try:
+        first = client.post("/v1/plans?job=true", json={"scenario": scenario}).json()
+        second = client.post("/v1/plans?job=true", json={"scenario": scenario}).json()
+        assert started.wait(10)
+        cancelled = client.post(f"/v1/jobs/{second['id']}/cancel").json()
+        assert cancelled["status"] == "cancelled"
+        client.post(f"/v1/jobs/{first['id']}/cancel")
+        assert wait_job(client, first["id"])["status"] == "cancelled"
+    finally:
+        release.set()
+
+
+def test_job_that_fails_reports_the_planner_error(make_client: MakeClient,
+                                                  scenario: dict[str, Any]) -> None:
+    def infeasible(*_: Any) -> PlanResult:
+        raise planner.Infeasible("no stage fits: the smallest needs 95.0 GiB, the largest "
+                                 "GPU has 80.0 GiB")
+
+    client = make_client(solver=infeasible)
+    job = client.post("/v1/plans?job=true", json={"scenario": scenario}).json()
+    final = wait_job(client, job["id"])
+    assert final["status"] == "failed"
+    assert final["error"]["error"] == "infeasible" and "95.0 GiB" in final["error"]["message"]
+
+
+def test_too_many_pending_jobs_is_503(make_client: MakeClient,
+                                      scenario: dict[str, Any]) -> None:
+    started, release = threading.Event(), threading.Event()
+    client = make_client(solver=blocking_solver(started, release), max_pending_jobs=1)
+    try:
+        first = client.post("/v1/plans?job=true", json={"scenario": scenario}).json()
+        response = client.post("/v1/plans?job=true", json={"scenario": scenario})
+        assert response.status_code == 503
+        assert response.json()["error"] == "overloaded"
+        client.post(f"/v1/jobs/{first['id']}/cancel")
+        wait_job(client, first["id"])
+    finally:
+        release.set()
+
+
+def test_cancelling_a_finished_job_changes_nothing(make_client: MakeClient,
+                                                   scenario: dict[str, Any],
+                                                   plan_document: dict[str, Any]) -> None:
+    client = make_client(solver=fixed_solver(plan_document))
+    job = client.post("/v1/plans?job=true", json={"scenario": scenario}).json()
+    done = wait_job(client, job["id"])
+    assert client.post(f"/v1/jobs/{job['id']}/cancel").json() == done
+
+
+def test_infeasible_scenario_is_422_with_the_numbers(client: TestClient,
+                                                     scenario: dict[str, Any]) -> None:
+    for gpu in scenario["gpu_types"].values():
+        gpu["memory_gib"] = 1.0  # less than the 2 GiB reserved: no stage fits anywhere
+    response = client.post("/v1/plans", json={"scenario": scenario,
+                                              "options": {"time_limit_s": 2}})
+    assert response.status_code == 422, response.text
+    body = response.json()
+    assert body["error"] == "infeasible"
+    assert "GiB" in body["message"] and any(ch.isdigit() for ch in body["message"])
+
+
+def test_requested_time_limit_is_capped_by_the_server(make_client: MakeClient,
+                                                      scenario: dict[str, Any],
+                                                      plan_document: dict[str, Any]) -> None:
+    client = make_client(solver=fixed_solver(plan_document), max_time_limit_s=3,
+                         sync_solve_threshold_s=5)
+    response = client.post("/v1/plans", json={"scenario": scenario,
+                                              "options": {"time_limit_s": 3600}})
+    assert response.status_code == 201
+    assert response.json()["options"]["time_limit_s"] == 3
+
+
+def test_plan_request_with_invalid_scenario_lists_the_problems(
+        client: TestClient, scenario: dict[str, Any]) -> None:
+    scenario["cluster"]["nodes"][0]["gpu_type"] = "H900"
+    response = client.post("/v1/plans", json={"scenario": scenario})
+    assert response.status_code == 422
+    body = response.json()
+    assert body["error"] == "invalid_scenario"
+    assert {p["path"] for p in body["problems"]} >= {"cluster.nodes[0].gpu_type"}
+
+
+def test_plan_request_with_nan_in_scenario_is_rejected(client: TestClient,
+                                                       scenario: dict[str, Any]) -> None:
+    import json
+
+    scenario["profiles"][0]["forward_ms"] = float("nan")
+    response = client.post("/v1/plans", content=json.dumps({"scenario": scenario}).encode(),
+                           headers={"content-type": "application/json"})
+    assert response.status_code == 422
+    assert response.json()["problems"][0]["path"] == "profiles[0].forward_ms"
+
+
+def test_plan_request_naming_an_unknown_cluster_is_rejected(
+        client: TestClient, scenario: dict[str, Any]) -> None:
+    register_catalogue(client, scenario)
+    response = client.post("/v1/plans", json={"cluster": "nowhere", "model": "gpt-1.3b",
+                                              "job": {"global_batch_size": 8}})
+    assert response.status_code == 422
+    assert "POST /v1/clusters" in response.json()["message"]
+
+
+def test_plan_request_without_scenario_or_pieces_is_rejected(client: TestClient) -> None:
+    response = client.post("/v1/plans", json={"options": {"time_limit_s": 1}})
+    assert response.status_code == 422
+    assert {p["path"] for p in response.json()["problems"]} == {"cluster", "model", "job"}
+
+
+def test_plan_request_with_both_scenario_and_cluster_is_rejected(
+        client: TestClient, scenario: dict[str, Any]) -> None:
+    response = client.post("/v1/plans", json={"scenario": scenario, "cluster": "lab"})
+    assert response.status_code == 422
+    assert "not both" in response.json()["message"]
+
+
+def test_plan_request_without_stored_links_is_rejected(client: TestClient,
+                                                       scenario: dict[str, Any]) -> None:
+    for name, gpu in scenario["gpu_types"].items():
+        client.post("/v1/gpu-types", json={"name": name, "memory_gib": gpu["memory_gib"]})
+    client.post("/v1/models", json=scenario["model"])
+    client.post("/v1/clusters", json={"name": "lab", "nodes": scenario["cluster"]["nodes"]})
+    response = client.post("/v1/plans", json={"cluster": "lab", "model": "gpt-1.3b",
+                                              "job": scenario["job"]})
+    assert response.status_code == 422
+    assert "POST /v1/links" in response.json()["message"]
+
+
+def test_plan_request_without_profiles_is_rejected(client: TestClient,
+                                                   scenario: dict[str, Any]) -> None:
+    register_catalogue(client, scenario)
+    response = client.post("/v1/plans", json={"cluster": "lab", "model": "gpt-1.3b",
+                                              "job": scenario["job"],
+                                              "profile_versions": {"A100-80G": 7}})
+    assert response.status_code == 422
+    assert response.json()["problems"][0]["path"] == "profile_versions.A100-80G"
+
+
+def test_plan_request_with_negative_time_limit_is_rejected(client: TestClient,
+                                                           scenario: dict[str, Any]) -> None:
+    response = client.post("/v1/plans", json={"scenario": scenario,
+                                              "options": {"time_limit_s": -1}})
+    assert response.status_code == 422
+    assert response.json()["problems"][0]["path"] == "options.time_limit_s"
+
+
+def test_missing_plan_is_404(client: TestClient) -> None:
+    response = client.get("/v1/plans/0123abcd")
+    assert response.status_code == 404 and response.json()["error"] == "not_found"
+
+
+def test_missing_job_is_404(client: TestClient) -> None:
+    assert client.get("/v1/jobs/0123abcd").status_code == 404
+    assert client.post("/v1/jobs/0123abcd/cancel").status_code == 404
+
+
+def test_plans_are_listed_with_their_numbers(make_client: MakeClient,
+                                             scenario: dict[str, Any],
+                                             plan_document: dict[str, Any]) -> None:
+    client = make_client(solver=fixed_solver(plan_document))
+    ids = [client.post("/v1/plans", json={"scenario": scenario}).json()["id"]
+           for _ in range(2)]
+    listed = client.get("/v1/plans").json()
+    assert listed["count"] == 2 and {p["id"] for p in listed["data"]} == set(ids)
+    expected = planner.evaluate(planner.parse_scenario(scenario),
+                                planner.parse_plan(plan_document)).iteration_s
+    assert listed["data"][0]["iteration_s"] == pytest.approx(expected)
+
+
+def test_evaluate_gives_the_cost_model_numbers(client: TestClient, scenario: dict[str, Any],
+                                               plan_document: dict[str, Any]) -> None:
+    response = client.post("/v1/evaluate", json={"scenario": scenario, "plan": plan_document})
+    assert response.status_code == 200
+    expected = planner.evaluate(planner.parse_scenario(scenario),
+                                planner.parse_plan(plan_document))
+    assert response.json()["valid"] is True
+    assert response.json()["iteration_s"] == pytest.approx(expected.iteration_s, rel=1e-12)
+
+
+def test_evaluate_on_stored_pieces(client: TestClient, scenario: dict[str, Any],
+                                   plan_document: dict[str, Any]) -> None:
+    register_catalogue(client, scenario)
+    response = client.post("/v1/evaluate", json={"cluster": "lab", "model": "gpt-1.3b",
+                                                 "job": scenario["job"], "plan": plan_document})
+    assert response.status_code == 200 and response.json()["valid"] is True
+
+
+def test_evaluate_of_an_invalid_plan_answers_valid_false(
+        client: TestClient, scenario: dict[str, Any], plan_document: dict[str, Any]) -> None:
+    plan_document["pipelines"][0]["num_micro_batches"] += 1  # batch no longer adds up
+    response = client.post("/v1/evaluate", json={"scenario": scenario, "plan": plan_document})
+    assert response.status_code == 200
+    assert response.json()["valid"] is False and response.json()["errors"]
+
+
+def test_evaluate_of_a_malformed_plan_is_422(client: TestClient,
+                                             scenario: dict[str, Any]) -> None:
+    response = client.post("/v1/evaluate", json={"scenario": scenario,
+                                                 "plan": {"format": "hetplan-plan/1"}})
+    assert response.status_code == 422
+    assert response.json()["error"] == "invalid_plan"
+
+
+def test_rankmap_and_export_of_a_stored_plan(make_client: MakeClient,
+                                             scenario: dict[str, Any],
+                                             plan_document: dict[str, Any]) -> None:
+    pytest.importorskip("planner.export", reason="planner.export is not in this tree yet")
+    client = make_client(solver=fixed_solver(plan_document))
+    plan_id = client.post("/v1/plans", json={"scenario": scenario}).json()["id"]
+    from planner.export import export_plan, rank_map
+
+    plan = planner.parse_plan(plan_document)
+    assert client.get(f"/v1/plans/{plan_id}/rankmap").json() == _jsonable(rank_map(plan))
+    response = client.get(f"/v1/plans/{plan_id}/export?format=torchrun")
+    assert response.status_code in (200, 422)
+    if response.status_code == 200:
+        assert response.json() == _jsonable(export_plan(plan, "torchrun"))
+    else:
+        assert response.json()["error"] == "unsupported_export"
+
+
+def test_export_in_an_unknown_format_is_rejected(client: TestClient) -> None:
+    response = client.get("/v1/plans/0123abcd/export?format=slurm")
+    assert response.status_code == 422
+    assert response.json()["problems"][0]["path"] == "query.format"
+
+
+def _jsonable(value: Any) -> Any:
+    import json
+
+    return json.loads(json.dumps(value))
+
+
+def test_pending_job_is_failed_when_the_server_shuts_down(
+        make_client: MakeClient, scenario: dict[str, Any]) -> None:
+    started, release = threading.Event(), threading.Event()
+    client = make_client(solver=blocking_solver(started, release))
+    try:
+        job = client.post("/v1/plans?job=true", json={"scenario": scenario}).json()
+        assert started.wait(10)
+        client.app.state.runner.shutdown()  # type: ignore[attr-defined]
+        final = client.get(f"/v1/jobs/{job['id']}").json()
+        assert final["status"] == "failed"
+        assert final["error"]["error"] == "server_shutdown"
+    finally:
+        release.set()
+
+
+def test_plan_for_inline_cluster_and_model_with_stored_profiles(
+        make_client: MakeClient, scenario: dict[str, Any],
+        plan_document: dict[str, Any]) -> None:
+    client = make_client(solver=fixed_solver(plan_document))
+    register_catalogue(client, scenario)
+    cluster = {"name": "adhoc", "nodes": scenario["cluster"]["nodes"],
+               "intra_node": scenario["cluster"]["intra_node"],
+               "inter_node": {"bandwidth_gb_per_s": 50, "latency_us": 10}}
+    response = client.post("/v1/plans", json={
+        "cluster": cluster, "model": scenario["model"], "job": scenario["job"],
+        "gpu_types": {"A100-80G": {"name": "A100-80G", "memory_gib": 40}},
+        "options": {"time_limit_s": 1}})
+    assert response.status_code == 201, response.text
+    sources = response.json()["sources"]
+    assert (sources["cluster"], sources["model"], sources["links"]) == (
+        "inline", "inline", "cluster")
+    assert sources["gpu_types"] == {"A100-80G": "inline", "V100-32G": {"version": 1}}
+    used = client.get(f"/v1/plans/{response.json()['id']}/scenario").json()
+    assert used["cluster"]["inter_node"]["bandwidth_gb_per_s"] == 50
+    assert used["gpu_types"]["A100-80G"]["memory_gib"] == 40
+
+
+def test_app_takes_jobs_again_after_its_lifespan_restarts(
+        make_client: MakeClient, scenario: dict[str, Any],
+        plan_document: dict[str, Any]) -> None:
+    client = make_client(solver=fixed_solver(plan_document))
+    client.__exit__(None, None, None)  # lifespan ends: the job threads stop
+    with TestClient(client.app) as again:
+        job = again.post("/v1/plans?job=true", json={"scenario": scenario}).json()
+        assert wait_job(again, job["id"])["status"] == "succeeded"
+    client.__enter__()  # the fixture exits it once more

@@ -1,0 +1,132 @@
+"""The store on both databases: migrations, atomic uploads, concurrent versions."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from fastapi.testclient import TestClient
+
+from api.storage import Store, make_engine, migrate
+from api.storage.store import ProfilePoint
+from api.storage.tables import metadata
+from tests.api.conftest import MakeClient
+
+POINTS = [ProfilePoint(kind="block", micro_batch=b, tp=1, forward_ms=1.0, backward_ms=2.0,
+                       activation_bytes=10.0) for b in (1, 2, 4, 8)]
+TABLES = ("profile_sets", "profile_rows")
+
+
+@pytest.fixture
+def store(database_url: str) -> Iterator[Store]:
+    engine = make_engine(database_url)
+    migrate(engine)
+    yield Store(engine)
+    engine.dispose()
+
+
+def add(store: Store, key: str | None = None, points: list[ProfilePoint] = POINTS) -> Any:
+    return store.add_profile_set(model="m", gpu_type="g", rows=points, source=None,
+                                 body_sha256="0" * 64, idempotency_key=key)
+
+
+def test_migrated_schema_matches_the_tables(store: Store) -> None:
+    with store.engine.connect() as connection:
+        differences = compare_metadata(MigrationContext.configure(connection), metadata)
+    assert differences == []
+
+
+def test_migrating_twice_changes_nothing(store: Store) -> None:
+    migrate(store.engine)
+    assert store.count_rows(TABLES) == {"profile_sets": 0, "profile_rows": 0}
+
+
+class Interrupted(Exception):
+    pass
+
+
+def interrupt_row_inserts(engine: sa.Engine) -> None:
+    """Make the engine fail as a dropped connection would, once the version row is in and
+    the first batch of profile rows is on its way."""
+
+    def fail(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if statement.lstrip().upper().startswith("INSERT INTO PROFILE_ROWS"):
+            raise Interrupted("connection lost mid-upload")
+
+    sa.event.listen(engine, "before_cursor_execute", fail)
+
+
+def test_interrupted_upload_leaves_no_partial_rows(store: Store) -> None:
+    add(store)
+    before = store.count_rows(TABLES)
+    interrupt_row_inserts(store.engine)
+    with pytest.raises(Interrupted):
+        add(store, points=[*POINTS, ProfilePoint(kind="head", micro_batch=1, tp=1,
+                                                 forward_ms=1, backward_ms=1,
+                                                 activation_bytes=1)])
+    assert store.count_rows(TABLES) == before
+    assert store.find_profile_set("m", "g").version == 1
+
+
+def test_interrupted_upload_through_the_api_is_a_clean_failure(
+        make_client: MakeClient) -> None:
+    client = make_client()
+    engine = client.app.state.store.engine  # type: ignore[attr-defined]
+    interrupt_row_inserts(engine)
+    broken = TestClient(client.app, raise_server_exceptions=False)
+    response = broken.post("/v1/profiles", json={"model": "m", "gpu_type": "g", "rows": [
+        {"kind": "b", "micro_batch": 1, "tp": 1, "forward_ms": 1, "backward_ms": 1,
+         "activation_bytes": 1}]})
+    assert response.status_code == 500  # an internal failure, said as such
+    assert response.json()["error"] == "internal"
+    counts = client.app.state.store.count_rows(TABLES)  # type: ignore[attr-defined]
+    assert counts == {"profile_sets": 0, "profile_rows": 0}
+
+
+def test_concurrent_uploads_get_distinct_versions(store: Store) -> None:
+    errors: list[BaseException] = []
+
+    def upload() -> None:
+        try:
+            add(store)
+        except BaseException as error:  # collected and re-raised by the assertion below
+            errors.append(error)
+
+    threads = [threading.Thread(target=upload) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    sets, count = store.list_profile_sets(model="m")
+    assert sorted(s.version for s in sets) == [1, 2, 3, 4, 5, 6] and count == 6
+    assert store.count_rows(["profile_rows"]) == {"profile_rows": 6 * len(POINTS)}
+
+
+def test_concurrent_uploads_with_one_key_store_one_version(store: Store) -> None:
+    answers: list[Any] = []
+
+    def upload() -> None:
+        answers.append(add(store, key="same"))
+
+    threads = [threading.Thread(target=upload) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert {a.id for a in answers} == {answers[0].id}
+    assert store.list_profile_sets()[1] == 1
+
+
+def test_catalogue_versions_are_kept(store: Store) -> None:
+    from api.storage import Catalogue
+
+    store.put_document(Catalogue.MODEL, "m", {"seq_len": 1})
+    store.put_document(Catalogue.MODEL, "m", {"seq_len": 2})
+    assert store.get_document(Catalogue.MODEL, "m").document == {"seq_len": 2}
+    assert store.get_document(Catalogue.MODEL, "m", 1).document == {"seq_len": 1}
