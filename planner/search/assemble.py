@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from planner.documents import Node, Pipeline, Plan, Schedule, Stage
-from planner.search.shares import Timer, least_time_shares
+from planner.search.shares import least_time_shares
 from planner.search.tables import ScenarioTables
 from planner.search.templates import PipelineTemplate
 
@@ -23,13 +23,34 @@ def split_batch(
     templates: Sequence[PipelineTemplate], global_batch: int
 ) -> list[int] | None:
     """Micro-batches per pipeline summing exactly to the batch, least finish time first."""
-    timers = [_linear_timer(t) for t in templates]
-    limits = [t.max_micro_batches or 10**9 for t in templates]
-    return least_time_shares(timers, [t.micro_batch for t in templates], limits, global_batch)
+    clocks = {id(t): _LinearClock(t) for t in templates}
+    return least_time_shares([clocks[id(t)] for t in templates], global_batch)
 
 
-def _linear_timer(t: PipelineTemplate) -> Timer:
-    return lambda m: 0.0 if m <= 0 else t.time_s(m)
+class _LinearClock:
+    """fill + (m - 1) * bottleneck, and its inverse."""
+
+    def __init__(self, template: PipelineTemplate) -> None:
+        self.micro_batch = template.micro_batch
+        self.limit = template.max_micro_batches or 10**9
+        self.fill_s = template.fill_s
+        self.bottleneck_s = template.bottleneck_s
+
+    def time_of(self, num_micro_batches: int) -> float:
+        if num_micro_batches <= 0:
+            return 0.0
+        return self.fill_s + (num_micro_batches - 1) * self.bottleneck_s
+
+    def most_by(self, target_s: float, cap: int) -> int:
+        if target_s < self.fill_s:
+            return 0
+        most = min(cap, int((target_s - self.fill_s) / self.bottleneck_s) + 1)
+        # Float rounding at the boundary: step to the exact answer.
+        while most > 0 and self.time_of(most) > target_s:
+            most -= 1
+        while most < cap and self.time_of(most + 1) <= target_s:
+            most += 1
+        return most
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,29 +61,38 @@ class PlacementStyle:
 
 
 class _FreeGpus:
+    """Free GPUs per node, with nodes of each class bucketed by how many are free."""
+
     def __init__(self, tables: ScenarioTables) -> None:
-        self.nodes: dict[tuple[str, str | None], list[Node]] = {
-            c.key: list(c.nodes) for c in tables.classes}
         self.next_index = {n.name: 0 for c in tables.classes for n in c.nodes}
         self.by_name = {n.name: n for c in tables.classes for n in c.nodes}
+        # buckets[class][free] = nodes with exactly that many free GPUs, in cluster order
+        self.buckets: dict[tuple[str, str | None], dict[int, dict[str, Node]]] = {}
+        for c in tables.classes:
+            bucket = self.buckets.setdefault(c.key, {})
+            for n in c.nodes:
+                bucket.setdefault(n.gpus, {})[n.name] = n
 
     def free(self, node: Node) -> int:
         return node.gpus - self.next_index[node.name]
 
     def take(self, node: Node, count: int) -> list[str]:
         start = self.next_index[node.name]
+        bucket = self.buckets[(node.gpu_type, node.zone)]
+        del bucket[node.gpus - start][node.name]
         self.next_index[node.name] = start + count
+        bucket.setdefault(node.gpus - start - count, {})[node.name] = node
         return [f"{node.name}:{i}" for i in range(start, start + count)]
 
     def pick(self, key: tuple[str, str | None], tp: int, prefer: Node | None) -> Node | None:
         if prefer is not None and prefer.gpu_type == key[0] and prefer.zone == key[1] \
                 and self.free(prefer) >= tp:
             return prefer
-        fitting = [n for n in self.nodes[key] if self.free(n) >= tp]
-        if not fitting:
-            return None
         # Best fit: partly used nodes first, so whole nodes stay whole for wide stages.
-        return min(fitting, key=lambda n: (self.free(n), n.gpus))
+        bucket = self.buckets[key]
+        for free in sorted(f for f, nodes in bucket.items() if f >= tp and nodes):
+            return next(iter(bucket[free].values()))
+        return None
 
 
 def place(
@@ -111,11 +141,12 @@ def build_plan(
         if m == 0:
             continue
         bounds = t.partition.bounds
+        # Built from validated parts: construct without re-validating thousands of stages.
         stages = [
-            Stage(gpu_type=shape.gpu_type, tp=shape.tp, gpus=list(stage_gpus[s]),
-                  layers=(bounds[s], bounds[s + 1]))
+            Stage.model_construct(gpu_type=shape.gpu_type, tp=shape.tp, gpus=list(stage_gpus[s]),
+                                  layers=(bounds[s], bounds[s + 1]))
             for s, shape in enumerate(t.stages)
         ]
-        pipelines.append(Pipeline(micro_batch_size=t.micro_batch, num_micro_batches=m,
+        pipelines.append(Pipeline.model_construct(micro_batch_size=t.micro_batch, num_micro_batches=m,
                                   stages=stages))
     return Plan(schedule=schedule, pipelines=pipelines)

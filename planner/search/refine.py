@@ -13,7 +13,7 @@ import functools
 
 from planner.documents import Pipeline, Plan, Scenario
 from planner.estimate import Evaluation, PipelineEstimate, simulate_estimate
-from planner.search.shares import Timer, least_time_shares
+from planner.search.shares import binary_most_by, least_time_shares
 
 __all__ = ["rebalance"]
 
@@ -21,10 +21,12 @@ __all__ = ["rebalance"]
 def rebalance(scenario: Scenario, plan_doc: Plan, evaluation: Evaluation) -> Plan | None:
     """The same pipelines with exact least-time batch shares, or None if nothing changes."""
     batch = scenario.job.global_batch_size
-    timers = [_timer(scenario, p) for p in evaluation.pipelines]
-    sizes = [p.micro_batch_size for p in evaluation.pipelines]
-    limits = [_max_micro_batches(p) for p in evaluation.pipelines]
-    exact = least_time_shares(timers, sizes, limits, batch)
+    clocks: dict[tuple[object, ...], _SimulatedClock] = {}
+    for p in evaluation.pipelines:
+        key = _shape_key(p)
+        if key not in clocks:
+            clocks[key] = _SimulatedClock(scenario, p)
+    exact = least_time_shares([clocks[_shape_key(p)] for p in evaluation.pipelines], batch)
     if exact is None or exact == [p.num_micro_batches for p in evaluation.pipelines]:
         return None
     pipelines = [
@@ -34,12 +36,39 @@ def rebalance(scenario: Scenario, plan_doc: Plan, evaluation: Evaluation) -> Pla
     return plan_doc.model_copy(update={"pipelines": pipelines})
 
 
-def _timer(scenario: Scenario, estimate: PipelineEstimate) -> Timer:
-    @functools.cache
-    def time_of(m: int) -> float:
-        return simulate_estimate(scenario, estimate, m)
+def _shape_key(estimate: PipelineEstimate) -> tuple[object, ...]:
+    return (estimate.micro_batch_size, estimate.schedule,
+            tuple((st.effective_forward_ms, st.effective_backward_ms, st.transfer_to_next_s,
+                   st.activation_bytes / max(st.in_flight, 1), st.state_bytes, st.capacity_gib)
+                  for st in estimate.stages))
 
-    return time_of
+
+class _SimulatedClock:
+    """T_p(m): simulated through the warm-up, then extrapolated at the steady-state rate
+    (the mean increment over a window of S + 1 micro-batches; a schedule's steady state
+    may repeat with a period above one). The plan finally chosen is simulated in full."""
+
+    def __init__(self, scenario: Scenario, estimate: PipelineEstimate) -> None:
+        self.scenario = scenario
+        self.estimate = estimate
+        self.micro_batch = estimate.micro_batch_size
+        self.limit = _max_micro_batches(estimate)
+        depth = len(estimate.stages)
+        self.steady, self.window = 2 * depth + 2, depth + 1
+
+    @functools.cache  # noqa: B019 - one clock per pipeline shape, short-lived
+    def simulated(self, m: int) -> float:
+        return simulate_estimate(self.scenario, self.estimate, m)
+
+    def time_of(self, m: int) -> float:
+        if m <= self.steady + self.window:
+            return self.simulated(m)
+        end = self.steady + self.window
+        slope = (self.simulated(end) - self.simulated(self.steady)) / self.window
+        return self.simulated(end) + (m - end) * slope
+
+    def most_by(self, target_s: float, cap: int) -> int:
+        return binary_most_by(self, target_s, cap)
 
 
 def _max_micro_batches(estimate: PipelineEstimate) -> int:

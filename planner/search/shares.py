@@ -2,84 +2,94 @@
 
 Given each pipeline's time for m micro-batches (non-decreasing in m), the least
 finishing time T at which the pipelines cover the batch is found by bisection,
-each pipeline taking the most micro-batches it finishes by T (binary search),
-then shares are trimmed, slowest pipelines first, to sum exactly to the batch.
-A pipeline that cannot finish one micro-batch by T gets none.
+each pipeline taking the most micro-batches it finishes by T, then shares are
+trimmed, slowest pipelines first, to sum exactly to the batch. A pipeline that
+cannot finish one micro-batch by T gets none. Replicas share one `PipelineClock`,
+so the work grows with the number of distinct pipeline shapes.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
-__all__ = ["Timer", "least_time_shares"]
-
-Timer = Callable[[int], float]
-"""Seconds a pipeline takes for m micro-batches."""
+__all__ = ["PipelineClock", "binary_most_by", "least_time_shares"]
 
 
-def least_time_shares(
-    timers: Sequence[Timer], sizes: Sequence[int], limits: Sequence[int], batch: int
-) -> list[int] | None:
-    """Micro-batches per pipeline with sum(size * m) == batch, or None if impossible."""
-    if not timers:
+class PipelineClock(Protocol):
+    micro_batch: int
+    limit: int
+    """Most micro-batches the pipeline may take (GPipe memory); large when unbounded."""
+
+    def time_of(self, num_micro_batches: int) -> float: ...
+
+    def most_by(self, target_s: float, cap: int) -> int:
+        """The most micro-batches (at most `cap`) finished by `target_s`."""
+        ...
+
+
+def binary_most_by(clock: PipelineClock, target_s: float, cap: int) -> int:
+    """`most_by` for any non-decreasing `time_of`."""
+    low, high = 0, cap
+    while low < high:
+        middle = (low + high + 1) // 2
+        if clock.time_of(middle) <= target_s:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def least_time_shares(clocks: Sequence[PipelineClock], batch: int) -> list[int] | None:
+    """Micro-batches per pipeline with sum(b * m) == batch, or None if impossible."""
+    if not clocks:
         return None
-    low = 0.0
-    high = max(timer(min(limit, -(-batch // b)))
-               for timer, b, limit in zip(timers, sizes, limits, strict=True))
-    counts = _counts_by(high, timers, sizes, limits, batch)
-    if _covered(counts, sizes) < batch:
+    caps = [min(c.limit, -(-batch // c.micro_batch)) for c in clocks]
+    low, high = 0.0, max(c.time_of(cap) for c, cap in zip(clocks, caps, strict=True))
+    counts = _counts_by(high, clocks, caps)
+    if _covered(counts, clocks) < batch:
         return None
     for _ in range(60):
         middle = (low + high) / 2
-        trial = _counts_by(middle, timers, sizes, limits, batch)
-        if _covered(trial, sizes) >= batch:
+        trial = _counts_by(middle, clocks, caps)
+        if _covered(trial, clocks) >= batch:
             high, counts = middle, trial
         else:
             low = middle
         if high - low <= 1e-12 * high:
             break
-    return _trim(counts, sizes, timers, batch)
+    return _trim(counts, clocks, batch)
 
 
-def _covered(counts: Sequence[int], sizes: Sequence[int]) -> int:
-    return sum(b * m for b, m in zip(sizes, counts, strict=True))
+def _covered(counts: Sequence[int], clocks: Sequence[PipelineClock]) -> int:
+    return sum(c.micro_batch * m for c, m in zip(clocks, counts, strict=True))
 
 
-def _counts_by(
-    target_s: float, timers: Sequence[Timer], sizes: Sequence[int], limits: Sequence[int],
-    batch: int,
-) -> list[int]:
-    """Per pipeline, the most micro-batches it finishes by `target_s`."""
+def _counts_by(target_s: float, clocks: Sequence[PipelineClock], caps: Sequence[int]) -> list[int]:
+    seen: dict[tuple[int, int], int] = {}
     counts = []
-    for time_of, b, limit in zip(timers, sizes, limits, strict=True):
-        low, high = 0, min(limit, -(-batch // b))
-        while low < high:
-            middle = (low + high + 1) // 2
-            if time_of(middle) <= target_s:
-                low = middle
-            else:
-                high = middle - 1
-        counts.append(low)
+    for clock, cap in zip(clocks, caps, strict=True):
+        key = (id(clock), cap)
+        if key not in seen:
+            seen[key] = clock.most_by(target_s, cap)
+        counts.append(seen[key])
     return counts
 
 
-def _trim(
-    counts: list[int], sizes: Sequence[int], timers: Sequence[Timer], batch: int
-) -> list[int] | None:
+def _trim(counts: list[int], clocks: Sequence[PipelineClock], batch: int) -> list[int] | None:
     """Take micro-batches back, slowest pipelines first, until the shares sum to the batch."""
     counts = list(counts)
-    excess = _covered(counts, sizes) - batch
-    slowest = [(-timers[p](counts[p]), p) for p in range(len(counts)) if counts[p] > 0]
+    excess = _covered(counts, clocks) - batch
+    slowest = [(-clocks[p].time_of(counts[p]), p) for p in range(len(counts)) if counts[p] > 0]
     heapq.heapify(slowest)
-    skipped = []
     while excess > 0 and slowest:
         _, p = heapq.heappop(slowest)
-        if sizes[p] > excess:
-            skipped.append(p)  # too big a piece for what is left; a smaller one will do
-            continue
+        size = clocks[p].micro_batch
+        if size > excess:
+            continue  # too big a piece for what is left; a smaller one will do
         counts[p] -= 1
-        excess -= sizes[p]
+        excess -= size
         if counts[p] > 0:
-            heapq.heappush(slowest, (-timers[p](counts[p]), p))
+            heapq.heappush(slowest, (-clocks[p].time_of(counts[p]), p))
     return counts if excess == 0 else None
