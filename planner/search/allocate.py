@@ -24,7 +24,7 @@ from planner.search.templates import PipelineTemplate
 __all__ = ["Allocation", "allocate", "prune", "pareto"]
 
 SCALE = 1000.0  # CP-SAT works in integers: samples are scaled to thousandths
-MODEL_TEMPLATES = 120  # templates offered to one knapsack
+MODEL_TEMPLATES = 80  # templates offered to one knapsack
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,6 +35,9 @@ class Allocation:
     """Estimated time of the slowest pipeline."""
     proven: bool
     """Every knapsack step was solved to optimality."""
+    visited: tuple[dict[int, int], ...] = ()
+    """Every allocation met on the way (greedy seed, each step): more drafts for the
+    estimator, whose sync and placement the linear model does not see."""
 
 
 def _capacity(t: PipelineTemplate, target_s: float) -> tuple[float, float]:
@@ -60,7 +63,8 @@ def allocate(
         return None
     target = _finish_time(templates, counts, batch)
     proven = True
-    for _ in range(8):
+    visited = [counts]
+    for _ in range(5):
         remaining = deadline - time.monotonic()
         if remaining <= 0.01:
             proven = False
@@ -70,11 +74,12 @@ def allocate(
         proven = proven and optimal
         if not solved:
             break
+        visited.append(solved)
         new_target = _finish_time(templates, solved, batch)
         if new_target >= target * (1 - 1e-6):
             break
         counts, target = solved, new_target
-    return Allocation(counts=counts, pipeline_s=target, proven=proven)
+    return Allocation(counts=counts, pipeline_s=target, proven=proven, visited=tuple(visited))
 
 
 def _finish_time(templates: Sequence[PipelineTemplate], counts: dict[int, int], batch: int) -> float:

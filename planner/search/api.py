@@ -150,8 +150,12 @@ def _allocation_candidates(
         return [], False
     proven = free.proven
     num_free = sum(free.counts.values())
+    # Caps on the pipeline count trade data parallelism for shorter sync rings; caps far
+    # below the free optimum would leave most GPUs idle.
     caps: list[int | None] = [None]
     cap = 1
+    while cap * 32 < num_free:
+        cap *= 2
     while cap < num_free:
         caps.append(cap)
         cap *= 2
@@ -166,8 +170,9 @@ def _allocation_candidates(
             if found is None:
                 continue
             proven = proven and found.proven
-            pipelines = [subset[k] for k, n in sorted(found.counts.items()) for _ in range(n)]
-            drafts.append(draft(tables, pipelines, f"CP-SAT allocation, cap {cap_value}"))
+            for counts in found.visited:
+                pipelines = [subset[k] for k, n in sorted(counts.items()) for _ in range(n)]
+                drafts.append(draft(tables, pipelines, f"CP-SAT allocation, cap {cap_value}"))
     return best_realized(tables, drafts, 2 * options.finalists), proven
 
 

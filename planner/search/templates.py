@@ -64,7 +64,8 @@ class PipelineTemplate:
     sync_parts: tuple[tuple[float, float], ...]
     """Per stage: (seconds of gradient bytes over the ring, seconds of latency per ring step)."""
 
-    @property
+    # Cached: the allocation asks these of thousands of templates, many times.
+    @functools.cached_property
     def bottleneck_s(self) -> float:
         return self.partition.bottleneck_s
 
@@ -73,12 +74,17 @@ class PipelineTemplate:
         return len(self.stages)
 
     def gpus(self) -> dict[ClassKey, int]:
+        """GPUs used per class (do not mutate)."""
+        return self._gpus
+
+    @functools.cached_property
+    def _gpus(self) -> dict[ClassKey, int]:
         used: dict[ClassKey, int] = {}
         for stage in self.stages:
             used[stage.resource] = used.get(stage.resource, 0) + stage.tp
         return used
 
-    @property
+    @functools.cached_property
     def num_gpus(self) -> int:
         return sum(stage.tp for stage in self.stages)
 
@@ -91,13 +97,6 @@ class PipelineTemplate:
         if n <= 1:
             return 0.0
         return max(2 * (n - 1) / n * data + 2 * (n - 1) * lat for data, lat in self.sync_parts)
-
-    def layer_zones(self) -> tuple[str | None, ...]:
-        zones: list[str | None] = []
-        for s, stage in enumerate(self.stages):
-            start, end = self.partition.bounds[s], self.partition.bounds[s + 1]
-            zones.extend([stage.resource[1]] * (end - start))
-        return tuple(zones)
 
 
 class _Context:
