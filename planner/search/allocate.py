@@ -16,7 +16,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from ortools.sat.python import cp_model
 
 from planner.search.tables import ScenarioTables
 from planner.search.templates import PipelineTemplate
@@ -182,6 +181,9 @@ def _knapsack(
     num_workers: int,
 ) -> tuple[dict[int, int] | None, bool]:
     """Maximise samples covered by time `target_s`; (counts, proven optimal)."""
+    # Imported here: OR-Tools takes half a second to load, which a service pays at start-up.
+    from ortools.sat.python import cp_model
+
     # Data: value of one pipeline of each template at the target time; the knapsack keeps the
     # templates of most value per GPU (an optimum uses few distinct ones) and the hint's.
     covered = {}

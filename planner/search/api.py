@@ -92,7 +92,7 @@ def plan(
         candidates, proven = _exact_candidates(scenario), True
     else:
         report(0.3, f"allocating GPUs over {len(templates)} pipeline templates")
-        candidates, proven = _allocation_candidates(tables, templates, options, started)
+        candidates, proven = _allocation_candidates(tables, templates, options, started, report)
     report(0.7, "building baselines")
     baselines = baseline_candidates(tables, templates)
     candidates.extend(c for cs in baselines.values() for c in cs)
@@ -139,6 +139,7 @@ def _allocation_candidates(
     templates: list[PipelineTemplate],
     options: SearchOptions,
     started: float,
+    report: ProgressCallback,
 ) -> tuple[list[Candidate], bool]:
     drafts: list[Draft | None] = []
     if not templates:
@@ -159,7 +160,10 @@ def _allocation_candidates(
     while cap < num_free:
         caps.append(cap)
         cap *= 2
-    for cap_value in caps:
+    for done, cap_value in enumerate(caps):
+        # A progress callback may raise to cancel: report often enough for that to be prompt.
+        report(0.3 + 0.4 * done / len(caps), f"allocating with at most {cap_value or num_free} "
+               "pipelines")
         if time.monotonic() - started > budget:
             proven = False
             break

@@ -85,3 +85,20 @@ def test_every_returned_plan_is_valid_and_never_worse_than_any_baseline(doc: dic
     for name, rate in result.baselines.items():
         if rate is not None:
             assert again.samples_per_s >= rate * (1 - 1e-9), name
+
+
+def test_a_progress_callback_that_raises_cancels_the_search() -> None:
+    scenario = parse_scenario(json.loads((DATA / "scenarios" / "a80x16-v32x16-gpt1.3b.json").read_text()))
+    seen: list[float] = []
+
+    class Cancelled(Exception):
+        pass
+
+    def cancel_after_templates(fraction: float, message: str) -> None:
+        seen.append(fraction)
+        if "allocating" in message:
+            raise Cancelled
+
+    with pytest.raises(Cancelled):
+        plan(scenario, SearchOptions(time_limit_s=4), progress=cancel_after_templates)
+    assert seen == sorted(seen) and seen[-1] < 1.0
