@@ -234,7 +234,19 @@ def _upper_bound(sizes: dict[tuple[str, str | None], int], t: PipelineTemplate) 
 
 def pareto(templates: Sequence[PipelineTemplate], classes: Sequence[tuple[str, str | None]],
            num_pipelines: int) -> list[PipelineTemplate]:
-    """Drop templates another one beats on every count: GPUs of each class, rate, fill, sync."""
+    """Drop templates another one of the same micro-batch size beats on every count: GPUs
+    of each class, rate, fill and sync."""
+    by_size: dict[int, list[PipelineTemplate]] = {}
+    for t in templates:
+        by_size.setdefault(t.micro_batch, []).append(t)
+    kept: list[PipelineTemplate] = []
+    for group in by_size.values():
+        kept.extend(_pareto_group(group, classes, num_pipelines))
+    return kept
+
+
+def _pareto_group(templates: Sequence[PipelineTemplate], classes: Sequence[tuple[str, str | None]],
+                  num_pipelines: int) -> list[PipelineTemplate]:
     if len(templates) < 2:
         return list(templates)
     index = {key: i for i, key in enumerate(classes)}
@@ -245,13 +257,12 @@ def pareto(templates: Sequence[PipelineTemplate], classes: Sequence[tuple[str, s
     rate = np.array([t.micro_batch / t.bottleneck_s for t in templates])
     fill = np.array([t.fill_s for t in templates])
     sync = np.array([t.sync_s(num_pipelines) for t in templates])
-    batch = np.array([t.micro_batch for t in templates])
     keep = np.ones(len(templates), dtype=bool)
     for start in range(0, len(templates), 256):
         part = slice(start, start + 256)
         no_worse = ((usage[None, :, :] <= usage[part, None, :]).all(axis=2)
                     & (rate[None, :] >= rate[part, None]) & (fill[None, :] <= fill[part, None])
-                    & (sync[None, :] <= sync[part, None]) & (batch[None, :] == batch[part, None]))
+                    & (sync[None, :] <= sync[part, None]))
         better = ((usage[None, :, :] < usage[part, None, :]).any(axis=2)
                   | (rate[None, :] > rate[part, None]) | (fill[None, :] < fill[part, None])
                   | (sync[None, :] < sync[part, None]))

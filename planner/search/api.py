@@ -184,13 +184,14 @@ def _sync_filtered(
     templates: list[PipelineTemplate], num_pipelines: int
 ) -> list[list[PipelineTemplate]]:
     """Template subsets whose sync time stays under a few thresholds."""
-    syncs = sorted({round(t.sync_s(num_pipelines), 6) for t in templates})
+    sync = [t.sync_s(num_pipelines) for t in templates]
+    syncs = sorted({round(x, 6) for x in sync})
     if len(syncs) <= 1:
         return [templates]
     picks = sorted({syncs[int(q * (len(syncs) - 1))] for q in (0.1, 0.3, 0.6, 1.0)})
     subsets = []
     for threshold in picks:
-        subset = [t for t in templates if t.sync_s(num_pipelines) <= threshold + 1e-9]
+        subset = [t for t, x in zip(templates, sync, strict=True) if x <= threshold + 1e-9]
         if subset:
             subsets.append(subset)
     return subsets
