@@ -130,7 +130,7 @@ def _exact_candidates(scenario: Scenario) -> list[Candidate]:
         return []
     best, evaluation, count = found
     assert evaluation.iteration_s is not None
-    return [Candidate(plan=best, quick_s=evaluation.iteration_s,
+    return [Candidate.of(best, quick_s=evaluation.iteration_s,
                       origin=f"exact enumeration of {count} plans")]
 
 
@@ -223,8 +223,8 @@ def _judge(
             continue
         again = evaluate(scenario, balanced)
         if again.valid and again.iteration_s is not None:
-            valid.append((again.iteration_s, Candidate(
-                plan=balanced, quick_s=again.iteration_s,
+            valid.append((again.iteration_s, Candidate.of(
+                balanced, quick_s=again.iteration_s,
                 origin=f"{candidate.origin}, exact batch shares"), again))
     best: Candidate | None = None
     best_eval: Evaluation | None = None

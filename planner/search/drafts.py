@@ -7,7 +7,8 @@ full estimator. Each step is costlier and sees fewer plans.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import functools
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from planner.documents import Plan
@@ -32,13 +33,24 @@ class Draft:
         return self.pipeline_s + self.sync_s
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True, eq=False)
 class Candidate:
-    """A placed plan with the search's quick estimate of its iteration time."""
+    """A placed plan with the search's quick estimate of its iteration time.
 
-    plan: Plan
+    The plan document is built on first use: most candidates are ranked away
+    before anyone reads them, and at thousands of GPUs building one is costly."""
+
+    build: Callable[[], Plan]
     quick_s: float
     origin: str
+
+    @functools.cached_property
+    def plan(self) -> Plan:
+        return self.build()
+
+    @staticmethod
+    def of(plan: Plan, *, quick_s: float, origin: str) -> Candidate:
+        return Candidate(build=lambda: plan, quick_s=quick_s, origin=origin)
 
 
 def draft(tables: ScenarioTables, pipelines: Sequence[PipelineTemplate], origin: str) -> Draft | None:
@@ -80,11 +92,11 @@ def realize(tables: ScenarioTables, chosen: Draft) -> list[Candidate]:
         gpus = place(tables, chosen.pipelines, style)
         if gpus is None:
             continue
-        plan_doc = build_plan(chosen.pipelines, chosen.micro_batches, gpus,
-                              tables.scenario.job.schedule)
         quick = chosen.pipeline_s + estimate_sync_s(tables, chosen.pipelines, gpus)
         kind = "stage" if style.stage_major else "pipeline"
-        out.append(Candidate(plan=plan_doc, quick_s=quick,
+        build = functools.partial(build_plan, chosen.pipelines, chosen.micro_batches, gpus,
+                                  tables.scenario.job.schedule)
+        out.append(Candidate(build=build, quick_s=quick,
                              origin=f"{chosen.origin}, {kind}-major placement"))
     return out
 
