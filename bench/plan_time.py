@@ -18,14 +18,32 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ROOT / "tests" / "data" / "scenarios"
-BASES = [  # (scenario, types, layers)
+BASES = [
     "l40sx16-a40x8-v32x16-t4x8-gpt2.7b",   # 4 types, 34 layers
     "h200x8-h100x16-a80x16-llama13b",      # 3 types, 42 layers
+    WIDE := "wide-6types-130layers",       # derived below: 6 types, 130 layers
 ]
 
 
+def wide_scenario() -> dict:
+    """The 4-type GPT-2.7B scenario with 128 blocks and two more GPU types whose rows are
+    scaled from existing ones (a synthetic stress input, not a real cluster)."""
+    doc = json.loads((SCENARIOS / "l40sx16-a40x8-v32x16-t4x8-gpt2.7b.json").read_text())
+    doc["model"]["layers"] = ["embedding"] + ["block"] * 128 + ["head"]
+    derived = {"H100-80G": ("L40S-48G", 0.45, 80), "A10-24G": ("A100-40G", 1.9, 24)}
+    for name, (source, factor, memory) in derived.items():
+        doc["gpu_types"][name] = dict(doc["gpu_types"][source], memory_gib=memory)
+        doc["cluster"]["intra_node"][name] = doc["cluster"]["intra_node"][source]
+        doc["profiles"] += [dict(row, gpu_type=name, forward_ms=row["forward_ms"] * factor,
+                                 backward_ms=row["backward_ms"] * factor)
+                            for row in doc["profiles"] if row["gpu_type"] == source]
+        doc["cluster"]["nodes"] += [{"name": f"{name.lower()}-{i}", "gpu_type": name, "gpus": 8}
+                                    for i in range(2)]
+    return doc
+
+
 def scaled(name: str, total_gpus: int) -> dict:
-    doc = json.loads((SCENARIOS / f"{name}.json").read_text())
+    doc = wide_scenario() if name == WIDE else json.loads((SCENARIOS / f"{name}.json").read_text())
     nodes = doc["cluster"]["nodes"]
     have = sum(n["gpus"] for n in nodes)
     copies = max(1, round(total_gpus / have))

@@ -48,7 +48,7 @@ class TemplateLimits:
     """Deepest pipeline considered."""
     max_points_per_class: int = 2
     """(micro_batch, tp) points per class kept for two-segment templates."""
-    tail_stage_counts: tuple[int, ...] = (1, 2, 3, 4, 6, 8)
+    tail_stage_counts: tuple[int, ...] = (1, 2, 4, 8)
     """Stage counts of the back segment of two-segment templates."""
 
 
