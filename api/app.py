@@ -10,6 +10,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from fastapi import FastAPI
+from sqlalchemy.exc import SQLAlchemyError
 
 import planner
 from api.cache import LruCache
@@ -59,6 +60,10 @@ def create_app(settings: Settings | None = None, *, solver: Solver | None = None
         if settings.migrate_on_startup:
             migrate(engine)
         runner.start()
+        try:
+            runner.fail_lost_jobs()  # jobs of a process that died while running them
+        except SQLAlchemyError:  # no schema yet (migrations run elsewhere): nothing to fail
+            logging.getLogger("hetplan").warning("could not check for lost plan jobs at start-up")
         try:
             yield
         finally:

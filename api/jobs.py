@@ -7,7 +7,9 @@ search reports progress, the callback raises `JobCancelled` and the search unwin
 search that reports no progress stops at its time limit at the latest.
 
 Jobs are not resumed after a restart: a clean shutdown marks pending jobs `failed`
-(`server_shutdown`); a job whose process was killed stays `running`.
+(`server_shutdown`). Every process touches its unfinished jobs every `HEARTBEAT_S`; a
+job silent for `LOST_AFTER_S` belonged to a process that died, and is marked `failed`
+(`server_lost`) when it is read or when a server starts.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from datetime import UTC, datetime, timedelta
 
 import planner
 from api.errors import Overloaded, error_body
@@ -31,6 +34,8 @@ log = logging.getLogger("hetplan.jobs")
 
 _PROGRESS_WRITE_S = 0.25
 _CANCEL_POLL_S = 1.0
+HEARTBEAT_S = 5.0
+LOST_AFTER_S = 60.0  # twelve missed heartbeats: the owning process is gone
 
 
 class JobCancelled(Exception):
@@ -75,6 +80,45 @@ class JobRunner:
         self._lock = threading.Lock()
         self._cancel: dict[str, threading.Event] = {}
         self._futures: set[Future[None]] = set()
+        self._stop_heartbeat = threading.Event()
+        self._heartbeat: threading.Thread | None = None
+        self._start_heartbeat()
+
+    def _start_heartbeat(self) -> None:
+        self._stop_heartbeat.clear()
+        self._heartbeat = threading.Thread(target=self._beat_until_stopped,
+                                           name="hetplan-job-heartbeat", daemon=True)
+        self._heartbeat.start()
+
+    def _beat_until_stopped(self) -> None:
+        while not self._stop_heartbeat.wait(HEARTBEAT_S):
+            self.beat()
+
+    def beat(self) -> None:
+        """Tell other processes this one still runs its unfinished jobs."""
+        with self._lock:
+            active = list(self._cancel)
+        try:
+            self.store.touch_jobs(active)
+        except Exception:  # a database hiccup must not end the heartbeat
+            log.warning("could not record the job heartbeat", exc_info=True)
+
+    def fail_lost_jobs(self, job_id: str | None = None) -> int:
+        """Fail unfinished jobs (one, or all) whose process stopped sending heartbeats."""
+        lost = Overloaded("the server process running this plan job stopped before it "
+                          "finished; request the plan again")
+        silent_since = datetime.now(UTC) - timedelta(seconds=LOST_AFTER_S)
+        return self.store.fail_silent_jobs(
+            silent_since=silent_since, job_id=job_id,
+            error={**error_body(lost), "error": "server_lost"})
+
+    def get(self, job_id: str) -> JobRecord:
+        """A job's record; one whose process died is failed first."""
+        with self._lock:
+            ours = job_id in self._cancel
+        if not ours:
+            self.fail_lost_jobs(job_id)
+        return self.store.get_job(job_id)
 
     @property
     def pending(self) -> int:
@@ -124,6 +168,7 @@ class JobRunner:
         if self._closed:
             self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="hetplan-solve")
             self._closed = False
+            self._start_heartbeat()
 
     def shutdown(self, wait_s: float = 5.0) -> None:
         """Stop taking jobs: pending ones are marked failed (their searches die with the
@@ -141,6 +186,7 @@ class JobRunner:
                                       message="server shut down")
             except Exception:  # the database may be gone too; the process is ending anyway
                 log.warning("could not mark job %s failed at shutdown", job_id)
+        self._stop_heartbeat.set()
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._closed = True
         with self._lock:

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path
 
 from api import schemas
-from api.deps import PlanAuth, ReadAuth, RunnerDep, StoreDep
+from api.deps import PlanAuth, ReadAuth, RunnerDep
 from api.errors import ErrorResponses
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=ErrorResponses.common)
@@ -17,10 +17,11 @@ JobId = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[0-9a-f]+$")
 
 @router.get("/{job_id}", response_model=schemas.JobPublic, operation_id="get_job",
             responses=ErrorResponses.not_found, summary="Status and progress of a plan job")
-def get(job_id: JobId, store: StoreDep, _: ReadAuth) -> Any:
+def get(job_id: JobId, runner: RunnerDep, _: ReadAuth) -> Any:
     """When `status` is `succeeded`, `plan_id` names the stored plan (GET /v1/plans/{id});
-    when `failed`, `error` holds the same answer an inline request would have had."""
-    return schemas.JobPublic.model_validate(store.get_job(job_id), from_attributes=True)
+    when `failed`, `error` holds the same answer an inline request would have had
+    (`server_lost` when the process running it stopped without finishing)."""
+    return schemas.JobPublic.model_validate(runner.get(job_id), from_attributes=True)
 
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=schemas.JobPublic,

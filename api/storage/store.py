@@ -515,6 +515,31 @@ class Store:
             connection.execute(query.values(**changes))
         return self.get_job(job_id)
 
+    def touch_jobs(self, job_ids: Iterable[str]) -> None:
+        """Heartbeat: mark these unfinished jobs as still owned by a live process."""
+        ids = list(job_ids)
+        if not ids:
+            return
+        final = [s.value for s in JobStatus if s.final]
+        with self.engine.begin() as connection:
+            connection.execute(sa.update(t.jobs).where(
+                t.jobs.c.id.in_(ids), t.jobs.c.status.not_in(final)).values(updated_at=_now()))
+
+    def fail_silent_jobs(self, *, silent_since: datetime, error: dict[str, Any],
+                         job_id: str | None = None) -> int:
+        """Fail unfinished jobs (one, or all) not updated since `silent_since`: their
+        process is gone. Returns how many were failed."""
+        final = [s.value for s in JobStatus if s.final]
+        query = sa.update(t.jobs).where(t.jobs.c.status.not_in(final),
+                                        t.jobs.c.updated_at < silent_since)
+        if job_id is not None:
+            query = query.where(t.jobs.c.id == job_id)
+        with self.engine.begin() as connection:
+            result = connection.execute(query.values(
+                status=JobStatus.FAILED.value, error=error, updated_at=_now(),
+                message="the server process running this job stopped"))
+        return int(result.rowcount or 0)
+
     def get_job(self, job_id: str) -> JobRecord:
         with self.engine.connect() as connection:
             row = connection.execute(sa.select(t.jobs).where(t.jobs.c.id == job_id)).first()

@@ -407,3 +407,60 @@ def test_app_takes_jobs_again_after_its_lifespan_restarts(
         job = again.post("/v1/plans?job=true", json={"scenario": scenario}).json()
         assert wait_job(again, job["id"])["status"] == "succeeded"
     client.__enter__()  # the fixture exits it once more
+
+
+def _silence(client: TestClient, job_id: str, seconds: float) -> None:
+    """Make a job look as if its process stopped sending heartbeats `seconds` ago."""
+    from datetime import UTC, datetime, timedelta
+
+    import sqlalchemy as sa
+
+    from api.storage import tables
+
+    store = client.app.state.store  # type: ignore[attr-defined]
+    with store.engine.begin() as connection:
+        connection.execute(sa.update(tables.jobs).where(tables.jobs.c.id == job_id).values(
+            updated_at=datetime.now(UTC) - timedelta(seconds=seconds), status="running"))
+
+
+def test_job_of_a_process_that_died_is_failed_as_lost(make_client: MakeClient) -> None:
+    client = make_client()
+    store = client.app.state.store  # type: ignore[attr-defined]
+    job = store.add_job("deadbeef" * 4)  # owned by no live runner: its process died
+    _silence(client, job.id, 120)
+    answer = client.get(f"/v1/jobs/{job.id}").json()
+    assert answer["status"] == "failed"
+    assert answer["error"]["error"] == "server_lost"
+
+
+def test_job_silent_for_less_than_the_limit_is_left_running(make_client: MakeClient) -> None:
+    client = make_client()
+    store = client.app.state.store  # type: ignore[attr-defined]
+    job = store.add_job("feedface" * 4)
+    _silence(client, job.id, 10)
+    assert client.get(f"/v1/jobs/{job.id}").json()["status"] == "running"
+
+
+def test_a_starting_server_fails_the_jobs_of_a_dead_one(make_client: MakeClient) -> None:
+    first = make_client()
+    store = first.app.state.store  # type: ignore[attr-defined]
+    job = store.add_job("c0ffee00" * 4)
+    _silence(first, job.id, 120)
+    make_client()  # a second server on the same database starts up
+    assert store.get_job(job.id).status.value == "failed"
+
+
+def test_heartbeat_keeps_a_live_runners_jobs_from_looking_lost(
+        make_client: MakeClient, scenario: dict[str, Any]) -> None:
+    started, release = threading.Event(), threading.Event()
+    client = make_client(solver=blocking_solver(started, release))
+    try:
+        job = client.post("/v1/plans?job=true", json={"scenario": scenario}).json()
+        assert started.wait(10)
+        _silence(client, job["id"], 120)
+        client.app.state.runner.beat()  # type: ignore[attr-defined]
+        runner = client.app.state.runner  # type: ignore[attr-defined]
+        assert runner.fail_lost_jobs() == 0
+        assert client.get(f"/v1/jobs/{job['id']}").json()["status"] == "running"
+    finally:
+        release.set()
