@@ -63,7 +63,7 @@ def allocate(
     target = _finish_time(templates, counts, batch)
     proven = True
     visited = [counts]
-    for _ in range(5):
+    for _ in range(3):
         remaining = deadline - time.monotonic()
         if remaining <= 0.01:
             proven = False

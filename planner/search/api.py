@@ -142,6 +142,7 @@ def _allocation_candidates(
     report: ProgressCallback,
 ) -> tuple[list[Candidate], bool]:
     drafts: list[Draft | None] = []
+    seen: set[tuple[tuple[int, int], ...]] = set()
     if not templates:
         return [], False
     budget = max(options.time_limit_s * 0.5, 0.05)
@@ -175,6 +176,10 @@ def _allocation_candidates(
                 continue
             proven = proven and found.proven
             for counts in found.visited:
+                key = tuple(sorted((id(subset[k]), n) for k, n in counts.items()))
+                if key in seen:  # caps and subsets often lead to the same allocation
+                    continue
+                seen.add(key)
                 pipelines = [subset[k] for k, n in sorted(counts.items()) for _ in range(n)]
                 drafts.append(draft(tables, pipelines, f"CP-SAT allocation, cap {cap_value}"))
     return best_realized(tables, drafts, 2 * options.finalists), proven

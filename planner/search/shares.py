@@ -45,36 +45,36 @@ def least_time_shares(clocks: Sequence[PipelineClock], batch: int) -> list[int] 
     """Micro-batches per pipeline with sum(b * m) == batch, or None if impossible."""
     if not clocks:
         return None
-    caps = [min(c.limit, -(-batch // c.micro_batch)) for c in clocks]
-    low, high = 0.0, max(c.time_of(cap) for c, cap in zip(clocks, caps, strict=True))
-    counts = _counts_by(high, clocks, caps)
-    if _covered(counts, clocks) < batch:
+    # Replicas share a clock: bisect over the distinct ones, weighted by their copies.
+    distinct: dict[int, PipelineClock] = {}
+    copies: dict[int, int] = {}
+    for clock in clocks:
+        distinct.setdefault(id(clock), clock)
+        copies[id(clock)] = copies.get(id(clock), 0) + 1
+    shapes = list(distinct.values())
+    weights = [copies[id(c)] for c in shapes]
+    caps = [min(c.limit, -(-batch // c.micro_batch)) for c in shapes]
+    low, high = 0.0, max(c.time_of(cap) for c, cap in zip(shapes, caps, strict=True))
+    counts = [c.most_by(high, cap) for c, cap in zip(shapes, caps, strict=True)]
+    if _covered(counts, shapes, weights) < batch:
         return None
     for _ in range(60):
         middle = (low + high) / 2
-        trial = _counts_by(middle, clocks, caps)
-        if _covered(trial, clocks) >= batch:
+        trial = [c.most_by(middle, cap) for c, cap in zip(shapes, caps, strict=True)]
+        if _covered(trial, shapes, weights) >= batch:
             high, counts = middle, trial
         else:
             low = middle
         if high - low <= 1e-12 * high:
             break
-    return _trim(counts, clocks, batch)
+    per_shape = {id(c): m for c, m in zip(shapes, counts, strict=True)}
+    return _trim([per_shape[id(c)] for c in clocks], clocks, batch)
 
 
-def _covered(counts: Sequence[int], clocks: Sequence[PipelineClock]) -> int:
-    return sum(c.micro_batch * m for c, m in zip(clocks, counts, strict=True))
-
-
-def _counts_by(target_s: float, clocks: Sequence[PipelineClock], caps: Sequence[int]) -> list[int]:
-    seen: dict[tuple[int, int], int] = {}
-    counts = []
-    for clock, cap in zip(clocks, caps, strict=True):
-        key = (id(clock), cap)
-        if key not in seen:
-            seen[key] = clock.most_by(target_s, cap)
-        counts.append(seen[key])
-    return counts
+def _covered(counts: Sequence[int], clocks: Sequence[PipelineClock],
+             weights: Sequence[int] | None = None) -> int:
+    weights = weights or [1] * len(clocks)
+    return sum(c.micro_batch * m * w for c, m, w in zip(clocks, counts, weights, strict=True))
 
 
 def _trim(counts: list[int], clocks: Sequence[PipelineClock], batch: int) -> list[int] | None:
