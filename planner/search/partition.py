@@ -11,6 +11,7 @@ fit beside the reserved memory (section 4).
 from __future__ import annotations
 
 import functools
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -94,7 +95,23 @@ class SuffixSweep:
     def _stage_matrix(
         self, spec: StageSpec, link_out: LinkCost | None
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Time and fit of this stage over every layer range [j, e) (upper triangle)."""
+        """Time and fit of this stage over every layer range [j, e) (upper triangle).
+
+        Cached per search: thousands of sweeps push the same few stage shapes."""
+        cache = _MATRICES.setdefault(self.tables, {})
+        cost_key = ("cost", id(spec.point), spec.link_in, link_out, self.blocking)
+        fits_key = ("fits", id(spec.point), spec.in_flight, spec.link_in is None,
+                    self.num_pipelines)
+        if cost_key not in cache or fits_key not in cache:
+            cost, fits = self._compute_matrix(spec, link_out)
+            cost.flags.writeable = fits.flags.writeable = False
+            cache.setdefault(cost_key, cost)
+            cache.setdefault(fits_key, fits)
+        return cache[cost_key], cache[fits_key]
+
+    def _compute_matrix(
+        self, spec: StageSpec, link_out: LinkCost | None
+    ) -> tuple[np.ndarray, np.ndarray]:
         tables = self.tables
         point = spec.point
         size = tables.num_layers + 1
@@ -145,6 +162,10 @@ def fixed_partition(
                                     * point.micro_batch / link.bytes_per_s)
         stage_s.append(seconds)
     return Partition(bounds=tuple(bounds), stage_s=tuple(stage_s))
+
+
+_MATRICES: weakref.WeakKeyDictionary[ScenarioTables, dict[tuple[object, ...], np.ndarray]] = (
+    weakref.WeakKeyDictionary())
 
 
 @functools.cache
