@@ -156,7 +156,7 @@ def _allocation_candidates(
     # below the free optimum would leave most GPUs idle.
     caps: list[int | None] = [None]
     cap = 1
-    while cap * 32 < num_free:
+    while cap * 8 < num_free:
         cap *= 2
     while cap < num_free:
         caps.append(cap)

@@ -93,10 +93,19 @@ class PipelineTemplate:
         return self.fill_s + (num_micro_batches - 1) * self.bottleneck_s
 
     def sync_s(self, num_pipelines: int) -> float:
+        """Sync time if all `num_pipelines` rings ran at this template's class links."""
         n = num_pipelines
         if n <= 1:
             return 0.0
-        return max(2 * (n - 1) / n * data + 2 * (n - 1) * lat for data, lat in self.sync_parts)
+        cache = self._sync_cache
+        if n not in cache:
+            cache[n] = max(2 * (n - 1) / n * data + 2 * (n - 1) * lat
+                           for data, lat in self.sync_parts)
+        return cache[n]
+
+    @functools.cached_property
+    def _sync_cache(self) -> dict[int, float]:
+        return {}
 
 
 class _Context:
