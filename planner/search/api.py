@@ -20,6 +20,8 @@ from planner.documents import Plan, Scenario
 from planner.errors import Infeasible
 from planner.estimate import Evaluation, evaluate
 from planner.search.allocate import allocate, pareto, prune
+from planner.search.baselines import baseline_candidates
+from planner.search.diagnose import infeasibility_reason, no_plan_reason
 from planner.search.drafts import Candidate, Draft, best_realized, draft
 from planner.search.refine import rebalance
 from planner.search.tables import ScenarioTables, compile_tables
@@ -73,8 +75,6 @@ def plan(
     progress: ProgressCallback | None = None,
 ) -> PlanResult:
     """The best plan the search finds for `scenario` within the options' time limit."""
-    from planner.search.baselines import baseline_candidates
-
     options = options or SearchOptions()
     started = time.monotonic()
     report = progress or (lambda fraction, message: None)
@@ -103,8 +103,6 @@ def plan(
     report(0.8, f"judging {min(len(candidates), options.finalists)} finalists")
     best, evaluation, baseline_rates = _judge(scenario, candidates, baselines, options)
     if best is None or evaluation is None:
-        from planner.search.diagnose import no_plan_reason
-
         raise Infeasible(no_plan_reason(tables))
     wall_s = time.monotonic() - started
     unused = _unused_gpus(tables, best.plan)
@@ -115,8 +113,6 @@ def plan(
 
 
 def _check_feasible(tables: ScenarioTables) -> None:
-    from planner.search.diagnose import infeasibility_reason
-
     reason = infeasibility_reason(tables)
     if reason is not None:
         raise Infeasible(reason)
