@@ -19,9 +19,7 @@ import numpy as np
 from planner.costs import state_bytes_per_param
 from planner.search.tables import PointCosts, ScenarioTables
 
-__all__ = [
-    "StageSpec", "LinkCost", "Partition", "SuffixSweep", "sweep", "partition", "fixed_partition",
-]
+__all__ = ["StageSpec", "LinkCost", "Partition", "SuffixSweep", "fixed_partition"]
 
 INF = float("inf")
 
@@ -190,28 +188,3 @@ def _transfer_row(
     else:
         row[-1] = 0.0
     return row
-
-
-def sweep(
-    tables: ScenarioTables,
-    specs_from_end: list[StageSpec],
-    *,
-    blocking: bool,
-    num_pipelines: int,
-) -> SuffixSweep:
-    result = SuffixSweep(tables, blocking=blocking, num_pipelines=num_pipelines)
-    for spec in specs_from_end:
-        result.push(spec)
-    return result
-
-
-def partition(
-    tables: ScenarioTables,
-    specs_from_end: list[StageSpec],
-    *,
-    blocking: bool,
-    num_pipelines: int,
-) -> Partition | None:
-    """The optimal split of all layers over exactly these stages, or None if nothing fits."""
-    return sweep(tables, specs_from_end, blocking=blocking, num_pipelines=num_pipelines).extract(
-        len(specs_from_end))

@@ -1,0 +1,57 @@
+"""The layer-partition DP is exact: it equals brute force over every contiguous split."""
+
+from __future__ import annotations
+
+import itertools
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from planner import parse_scenario
+from planner.documents import Schedule
+from planner.search.partition import LinkCost, SuffixSweep, fixed_partition
+from planner.search.tables import compile_tables
+from planner.search.templates import StageShape, _Context
+from tests.planner.scenarios import tiny
+
+
+def scenario_with(times: list[float], memory_gib: float) -> dict:
+    doc = tiny()
+    doc["gpu_types"]["G"]["memory_gib"] = memory_gib
+    doc["model"]["layers"] = [f"k{i}" for i in range(len(times))]
+    doc["model"]["kinds"] = {f"k{i}": {"params": 10_000_000, "output_bytes_per_sample": 1e6 * (i + 1)}
+                             for i in range(len(times))}
+    doc["profiles"] = [{"gpu_type": "G", "kind": f"k{i}", "micro_batch": 1, "tp": 1,
+                        "forward_ms": t, "backward_ms": 2 * t, "activation_bytes": 5e7}
+                       for i, t in enumerate(times)]
+    return doc
+
+
+@settings(max_examples=40, deadline=None)
+@given(times=st.lists(st.floats(min_value=0.1, max_value=9.0), min_size=3, max_size=7),
+       depth=st.integers(min_value=1, max_value=4),
+       memory_gib=st.sampled_from([2.3, 2.6, 3.0, 10.0]))
+def test_sweep_equals_brute_force_over_all_splits(times: list[float], depth: int,
+                                                  memory_gib: float) -> None:
+    scenario = parse_scenario(scenario_with(times, memory_gib))
+    tables = compile_tables(scenario)
+    ctx = _Context(tables, Schedule.ONE_F_ONE_B)
+    shape = StageShape(resource=tables.classes[0].key, tp=1)
+    link = LinkCost(latency_s=1e-5, bytes_per_s=1e10)
+    specs = [ctx.stage_spec(shape, 1, k, link) for k in range(1, depth + 1)]
+    sweep = SuffixSweep(tables, blocking=True, num_pipelines=1)
+    for spec in specs:
+        sweep.push(spec)
+    num_layers = len(times)
+    best = None
+    for cuts in itertools.combinations(range(1, num_layers), depth - 1):
+        part = fixed_partition(tables, specs, [0, *cuts, num_layers], blocking=True,
+                               num_pipelines=1)
+        if part is not None and (best is None or part.bottleneck_s < best):
+            best = part.bottleneck_s
+    found = sweep.extract(depth) if depth <= num_layers else None
+    if best is None:
+        assert found is None
+    else:
+        assert found is not None
+        assert abs(found.bottleneck_s - best) <= 1e-12 * best
