@@ -17,6 +17,7 @@ __all__ = [
     "ProfileIndex",
     "NodeIndex",
     "link_between",
+    "zone_link",
     "transfer_s",
     "in_flight",
     "StateBytes",
@@ -73,10 +74,16 @@ def link_between(scenario: Scenario, a: Node, b: Node) -> Link:
     cluster = scenario.cluster
     if a.name == b.name:
         return cluster.intra_node[a.gpu_type]
-    if a.zone is None or b.zone is None or a.zone == b.zone:
+    return zone_link(scenario, a.zone, b.zone)
+
+
+def zone_link(scenario: Scenario, a: str | None, b: str | None) -> Link:
+    """The link between two different nodes in zones `a` and `b` (None: any zone)."""
+    cluster = scenario.cluster
+    if a is None or b is None or a == b:
         return cluster.inter_node
     for link in cluster.inter_zone:
-        if set(link.zones) == {a.zone, b.zone}:
+        if set(link.zones) == {a, b}:
             return link
     return cluster.inter_node
 

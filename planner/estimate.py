@@ -291,16 +291,16 @@ def _simulate(
                              blocking_transfers=blocking)
 
 
-def simulate_estimate(scenario: Scenario, estimate: PipelineEstimate, num_micro_batches: int) -> float:
-    """The time of an estimated pipeline's stages run with another micro-batch count."""
+def simulate_estimate(estimate: PipelineEstimate, num_micro_batches: int) -> float:
+    """The time of an estimated pipeline's stages run with `num_micro_batches`."""
     if num_micro_batches <= 0:
         return 0.0
-    transfers = tuple(s.transfer_to_next_s or 0.0 for s in estimate.stages[:-1])
-    schedule = Schedule(estimate.schedule)
+    stages = estimate.stages
     return _simulate(
-        tuple(s.effective_forward_ms * 1e-3 for s in estimate.stages),
-        tuple(s.effective_backward_ms * 1e-3 for s in estimate.stages),
-        transfers, num_micro_batches, schedule, estimate.blocking_transfers)
+        tuple(s.effective_forward_ms * 1e-3 for s in stages),
+        tuple(s.effective_backward_ms * 1e-3 for s in stages),
+        tuple(s.transfer_to_next_s or 0.0 for s in stages[:-1]),
+        num_micro_batches, Schedule(estimate.schedule), estimate.blocking_transfers)
 
 
 def _estimate_pipeline(
@@ -347,13 +347,10 @@ def _estimate_pipeline(
             memory_bytes=memory, memory_gib=memory / GIB, reserved_gib=reserved,
             capacity_gib=capacity, fits=memory <= capacity * GIB,
         ))
-    pipeline_s = _simulate(
-        tuple(st.effective_forward_ms * 1e-3 for st in stages),
-        tuple(st.effective_backward_ms * 1e-3 for st in stages),
-        tuple(transfers), m, schedule, job.blocking_transfers,
-    )
-    return PipelineEstimate(
+    estimate = PipelineEstimate(
         index=index, micro_batch_size=b, num_micro_batches=m, samples=b * m,
-        num_stages=num_stages, T_p=pipeline_s, blocking_transfers=job.blocking_transfers,
+        num_stages=num_stages, T_p=0.0, blocking_transfers=job.blocking_transfers,
         stages=stages, schedule=schedule.value,
     )
+    estimate.T_p = simulate_estimate(estimate, m)
+    return estimate

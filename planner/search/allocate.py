@@ -101,10 +101,6 @@ def _resource_rows(tables: ScenarioTables) -> dict[tuple[tuple[str, str | None],
     return rows
 
 
-def _usage(t: PipelineTemplate, key: tuple[str, str | None], level: int) -> int:
-    return sum(s.tp for s in t.stages if s.resource == key and s.tp >= level)
-
-
 Row = tuple[tuple[str, str | None], int]
 
 
@@ -112,23 +108,8 @@ def _usage_table(
     tables: ScenarioTables, templates: Sequence[PipelineTemplate]
 ) -> dict[int, dict[Row, int]]:
     """Per template, its non-zero GPU usage of each (class, tp level) row."""
-    rows = _resource_rows(tables)
-    return {k: _template_usage(t, tuple(rows)) for k, t in enumerate(templates)}
-
-
-_USAGE: dict[tuple[int, tuple[Row, ...]], tuple[PipelineTemplate, dict[Row, int]]] = {}
-
-
-def _template_usage(t: PipelineTemplate, rows: tuple[Row, ...]) -> dict[Row, int]:
-    # Templates are immutable and allocate() is called many times over the same ones.
-    key = (id(t), rows)
-    cached = _USAGE.get(key)
-    if cached is None or cached[0] is not t:
-        if len(_USAGE) > 200_000:
-            _USAGE.clear()
-        cached = (t, {row: u for row in rows if (u := _usage(t, *row)) > 0})
-        _USAGE[key] = cached
-    return cached[1]
+    rows = tuple(_resource_rows(tables))
+    return {k: t.usage(rows) for k, t in enumerate(templates)}
 
 
 def prune(templates: Sequence[PipelineTemplate], keep: int = 3) -> list[PipelineTemplate]:

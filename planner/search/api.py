@@ -278,5 +278,4 @@ def _annotate(
         "baselines_samples_per_s": baselines,
         "num_unused_gpus": len(unused),
     }
-    document = best.plan.model_dump(mode="json", exclude_none=True)
-    return Plan.model_validate({**document, "estimate": estimate, "search": search})
+    return best.plan.model_copy(update={"estimate": estimate, "search": search})

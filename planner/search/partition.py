@@ -11,7 +11,6 @@ fit beside the reserved memory (section 4).
 from __future__ import annotations
 
 import functools
-import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -96,7 +95,7 @@ class SuffixSweep:
         """Time and fit of this stage over every layer range [j, e) (upper triangle).
 
         Cached per search: thousands of sweeps push the same few stage shapes."""
-        cache = _MATRICES.setdefault(self.tables, {})
+        cache = self.tables.matrices
         cost_key = ("cost", id(spec.point), spec.link_in, link_out, self.blocking)
         fits_key = ("fits", id(spec.point), spec.in_flight, spec.link_in is None,
                     self.num_pipelines)
@@ -160,10 +159,6 @@ def fixed_partition(
                                     * point.micro_batch / link.bytes_per_s)
         stage_s.append(seconds)
     return Partition(bounds=tuple(bounds), stage_s=tuple(stage_s))
-
-
-_MATRICES: weakref.WeakKeyDictionary[ScenarioTables, dict[tuple[object, ...], np.ndarray]] = (
-    weakref.WeakKeyDictionary())
 
 
 @functools.cache

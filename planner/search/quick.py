@@ -8,10 +8,12 @@ O(layers x pipelines), which the search needs at thousands of GPUs.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import numpy as np
 
+from planner.costs import zone_link
 from planner.documents import Node, Scenario
 from planner.search.tables import ScenarioTables
 from planner.search.templates import PipelineTemplate
@@ -109,13 +111,9 @@ def _ring(scenario: Scenario, nodes: list[Node], share: dict[str, float]) -> tup
     if len(nodes) == 1:
         link = scenario.cluster.intra_node[nodes[0].gpu_type]
         return link.bandwidth_gb_per_s * 1e9, link.latency_us * 1e-6
-    zones = {n.zone for n in nodes if n.zone is not None}
-    link = scenario.cluster.inter_node
-    if len(zones) > 1:
-        pairs = [z for z in scenario.cluster.inter_zone if set(z.zones) <= zones]
-        slow = min(pairs, key=lambda z: z.bandwidth_gb_per_s, default=None)
-        if slow is not None:
-            link = slow
+    zones = sorted({n.zone for n in nodes if n.zone is not None})
+    links = [zone_link(scenario, a, b) for a, b in itertools.combinations(zones, 2)]
+    link = min(links, key=lambda x: x.bandwidth_gb_per_s, default=scenario.cluster.inter_node)
     intra = min(scenario.cluster.intra_node[n.gpu_type].bandwidth_gb_per_s for n in nodes)
     bandwidth = min(link.bandwidth_gb_per_s * min(share[n.name] for n in nodes), intra)
     return bandwidth * 1e9, link.latency_us * 1e-6

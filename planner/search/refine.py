@@ -25,7 +25,7 @@ def rebalance(scenario: Scenario, plan_doc: Plan, evaluation: Evaluation) -> Pla
     for p in evaluation.pipelines:
         key = _shape_key(p)
         if key not in clocks:
-            clocks[key] = _SimulatedClock(scenario, p)
+            clocks[key] = _SimulatedClock(p)
     exact = least_time_shares([clocks[_shape_key(p)] for p in evaluation.pipelines], batch)
     if exact is None or exact == [p.num_micro_batches for p in evaluation.pipelines]:
         return None
@@ -48,8 +48,7 @@ class _SimulatedClock:
     (the mean increment over a window of S + 1 micro-batches; a schedule's steady state
     may repeat with a period above one). The plan finally chosen is simulated in full."""
 
-    def __init__(self, scenario: Scenario, estimate: PipelineEstimate) -> None:
-        self.scenario = scenario
+    def __init__(self, estimate: PipelineEstimate) -> None:
         self.estimate = estimate
         self.micro_batch = estimate.micro_batch_size
         self.limit = _max_micro_batches(estimate)
@@ -58,7 +57,7 @@ class _SimulatedClock:
 
     @functools.cache  # noqa: B019 - one clock per pipeline shape, short-lived
     def simulated(self, m: int) -> float:
-        return simulate_estimate(self.scenario, self.estimate, m)
+        return simulate_estimate(self.estimate, m)
 
     def time_of(self, m: int) -> float:
         if m <= self.steady + self.window:

@@ -7,7 +7,7 @@ arrays turn each range's compute, memory and parameter count into O(1).
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -68,6 +68,8 @@ class ScenarioTables:
     classes: tuple[ResourceClass, ...]
     capacity_bytes: dict[str, float]
     """Per GPU type: memory minus the reserved part."""
+    matrices: dict[tuple[object, ...], np.ndarray] = field(default_factory=dict)
+    """Stage cost and fit matrices of the partition DP, shared by every sweep of a search."""
 
     def state_bytes(self, start: int, end: int, tp: int, num_pipelines: int) -> float:
         per_param = state_bytes_per_param(self.scenario, num_pipelines).total

@@ -15,6 +15,7 @@ import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from planner.costs import zone_link
 from planner.documents import Schedule
 from planner.search.partition import (
     LinkCost,
@@ -107,6 +108,20 @@ class PipelineTemplate:
     def _sync_cache(self) -> dict[int, float]:
         return {}
 
+    def usage(self, rows: tuple[tuple[ClassKey, int], ...]) -> dict[tuple[ClassKey, int], int]:
+        """Non-zero GPUs of each (class, tp level) row used by stages of at least that tp.
+        Cached: the allocation asks for it at every knapsack."""
+        cache = self._usage_cache
+        if rows not in cache:
+            cache[rows] = {(key, level): used for key, level in rows
+                           if (used := sum(s.tp for s in self.stages
+                                           if s.resource == key and s.tp >= level)) > 0}
+        return cache[rows]
+
+    @functools.cached_property
+    def _usage_cache(self) -> dict[tuple[tuple[ClassKey, int], ...], dict[tuple[ClassKey, int], int]]:
+        return {}
+
 
 class _Context:
     def __init__(self, tables: ScenarioTables, schedule: Schedule) -> None:
@@ -118,14 +133,10 @@ class _Context:
         self._rings: dict[ClassKey, tuple[float, float]] = {}
 
     def link(self, front: ClassKey, back: ClassKey, *, same_node: bool) -> LinkCost:
-        cluster = self.scenario.cluster
         if same_node:
-            link = cluster.intra_node[front[0]]
-        elif front[1] is None or back[1] is None or front[1] == back[1]:
-            link = cluster.inter_node
+            link = self.scenario.cluster.intra_node[front[0]]
         else:
-            link = next((z for z in cluster.inter_zone if set(z.zones) == {front[1], back[1]}),
-                        cluster.inter_node)
+            link = zone_link(self.scenario, front[1], back[1])
         return LinkCost(latency_s=link.latency_us * 1e-6, bytes_per_s=link.bandwidth_gb_per_s * 1e9)
 
     def ring(self, resource: ClassKey) -> tuple[float, float]:
