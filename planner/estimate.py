@@ -115,8 +115,9 @@ def evaluate(scenario: Scenario, plan: Plan) -> Evaluation:
             name: {"nics": nodes.by_name[name].num_nics, "used_gpus": used, "share": s}
             for name, (used, s) in sorted(nic_share.items()) if s < 1.0
         }
+    layer_sums: dict[tuple[str, int, int, int, int], tuple[float, float, float, float]] = {}
     result.pipelines = [
-        _estimate_pipeline(scenario, plan, i, nodes, profiles, schedule, sync[i])
+        _estimate_pipeline(scenario, plan, i, nodes, profiles, schedule, sync[i], layer_sums)
         for i in range(len(plan.pipelines))
     ]
     for p in result.pipelines:
@@ -311,6 +312,7 @@ def _estimate_pipeline(
     profiles: ProfileIndex,
     schedule: Schedule,
     sync: list[float],
+    layer_sums: dict[tuple[str, int, int, int, int], tuple[float, float, float, float]],
 ) -> PipelineEstimate:
     pipeline = plan.pipelines[index]
     model, job = scenario.model, scenario.job
@@ -325,15 +327,15 @@ def _estimate_pipeline(
     ]
     stages = []
     for s, stage in enumerate(pipeline.stages):
-        kinds = model.layers[stage.layers[0]:stage.layers[1]]
-        rows = [profiles.get(stage.gpu_type, kind, b, stage.tp) for kind in kinds]
-        forward_ms = sum(r.forward_ms for r in rows if r is not None)
-        backward_ms = sum(r.backward_ms for r in rows if r is not None)
+        key = (stage.gpu_type, stage.tp, b, stage.layers[0], stage.layers[1])
+        if key not in layer_sums:
+            layer_sums[key] = _layer_sums(scenario, profiles, stage, b)
+        forward_ms, backward_ms, activation_bytes, params = layer_sums[key]
         around_s = (transfers[s - 1] if s > 0 else 0.0) + (transfers[s] if s < len(transfers) else 0.0)
         blocking_ms = around_s * 1e3 if job.blocking_transfers else 0.0
         flight = in_flight(s, num_stages, m, schedule)
-        state = sum(model.kinds[k].params for k in kinds) / stage.tp * state_per_param
-        acts = flight * sum(r.activation_bytes for r in rows if r is not None)
+        state = params / stage.tp * state_per_param
+        acts = flight * activation_bytes
         reserved = scenario.reserved_gib(stage.gpu_type)
         memory = state + acts + reserved * GIB
         capacity = scenario.gpu_types[stage.gpu_type].memory_gib
@@ -354,3 +356,17 @@ def _estimate_pipeline(
     )
     estimate.T_p = simulate_estimate(estimate, m)
     return estimate
+
+
+def _layer_sums(
+    scenario: Scenario, profiles: ProfileIndex, stage: Stage, b: int
+) -> tuple[float, float, float, float]:
+    """(forward ms, backward ms, activation bytes, parameters) of a stage's layers.
+    Replicas repeat the same stages: `evaluate` computes each distinct one once."""
+    model = scenario.model
+    kinds = model.layers[stage.layers[0]:stage.layers[1]]
+    rows = [profiles.get(stage.gpu_type, kind, b, stage.tp) for kind in kinds]
+    return (sum(r.forward_ms for r in rows if r is not None),
+            sum(r.backward_ms for r in rows if r is not None),
+            sum(r.activation_bytes for r in rows if r is not None),
+            sum(model.kinds[k].params for k in kinds))

@@ -8,7 +8,9 @@ estimator simulates every operation.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from planner.documents import Schedule
 
@@ -50,53 +52,87 @@ def simulate_pipeline(
     transfers do not block.
     """
     num_stages, m = len(forward_s), num_micro_batches
+    order = _processing_order(num_stages, m, schedule)
+    # Per (stage, direction) = 2 * stage + direction: duration and input delay.
+    duration = [0.0] * (2 * num_stages)
+    delay = [0.0] * (2 * num_stages)
+    last = num_stages - 1
+    for s in range(num_stages):
+        duration[2 * s + FORWARD], duration[2 * s + BACKWARD] = forward_s[s], backward_s[s]
+        if not blocking_transfers:
+            delay[2 * s + FORWARD] = transfer_s[s - 1] if s > 0 else 0.0
+            delay[2 * s + BACKWARD] = transfer_s[s] if s < last else 0.0
+    # done[-1] stays 0.0: the "previous operation" of a stage's first one, and the
+    # "producer" of stage 0's forwards.
+    done = [0.0] * (order.num_ops + 1)
+    for op, previous, producer, kind in zip(order.ops, order.previous, order.producer, order.kind,
+                                            strict=True):
+        ready = done[producer] + delay[kind]
+        free = done[previous]
+        done[op] = (free if free > ready else ready) + duration[kind]
+    return max(done[op] for op in order.stage_last)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Order:
+    """A schedule's operations in an order that respects every dependency, with, for
+    each, the operation before it on its stage and the one producing its input (-1:
+    none). It depends only on the shape of the schedule, so it is computed once and the
+    simulation is a single pass with no waiting."""
+
+    num_ops: int
+    ops: list[int]
+    previous: list[int]
+    producer: list[int]
+    kind: list[int]
+    """2 * stage + direction."""
+    stage_last: list[int]
+    """The last operation of every stage."""
+
+
+@functools.lru_cache(maxsize=64)
+def _processing_order(num_stages: int, m: int, schedule: Schedule) -> _Order:
     # Operations are numbered (stage, direction, micro-batch) -> (2 * stage + direction) * m + i.
-    done = [-1.0] * (2 * num_stages * m)
     orders = [_order_ids(s, num_stages, m, schedule) for s in range(num_stages)]
+    seen = [False] * (2 * num_stages * m)
     position = [0] * num_stages
-    free_at = [0.0] * num_stages
+    last = num_stages - 1
+    ops: list[int] = []
+    previous: list[int] = []
+    producer: list[int] = []
+    kind: list[int] = []
     # Each stage runs until an input is missing, then waits on the operation that
-    # produces it; finishing that operation wakes it. Every operation is handled once.
+    # produces it; finishing that operation wakes it.
     waiting: dict[int, int] = {}
     runnable = list(range(num_stages))
-    last = num_stages - 1
     while runnable:
         s = runnable.pop()
-        order, pos, free = orders[s], position[s], free_at[s]
+        order, pos = orders[s], position[s]
         backward_base = (2 * s + 1) * m
-        f_dur, b_dur = forward_s[s], backward_s[s]
-        f_delay = 0.0 if blocking_transfers or s == 0 else transfer_s[s - 1]
-        b_delay = 0.0 if blocking_transfers or s == last else transfer_s[s]
         while pos < len(order):
             op = order[pos]
-            if op < backward_base:  # a forward
-                if s == 0:
-                    ready = 0.0
-                else:
-                    producer = op - 2 * m
-                    finished = done[producer]
-                    if finished < 0:
-                        waiting[producer] = s
-                        break
-                    ready = finished + f_delay
-                duration = f_dur
+            if op < backward_base:
+                needed = -1 if s == 0 else op - 2 * m
+                direction = FORWARD
             else:
-                producer = op - m if s == last else op + 2 * m
-                finished = done[producer]
-                if finished < 0:
-                    waiting[producer] = s
-                    break
-                ready = finished + b_delay
-                duration = b_dur
-            free = (free if free > ready else ready) + duration
-            done[op] = free
+                needed = op - m if s == last else op + 2 * m
+                direction = BACKWARD
+            if needed >= 0 and not seen[needed]:
+                waiting[needed] = s
+                break
+            ops.append(op)
+            previous.append(order[pos - 1] if pos > 0 else -1)
+            producer.append(needed)
+            kind.append(2 * s + direction)
+            seen[op] = True
             pos += 1
             woken = waiting.pop(op, None)
             if woken is not None:
                 runnable.append(woken)
-        position[s], free_at[s] = pos, free
+        position[s] = pos
     assert all(position[s] == len(orders[s]) for s in range(num_stages)), "schedule deadlock"
-    return max(free_at)
+    return _Order(num_ops=len(seen), ops=ops, previous=previous, producer=producer, kind=kind,
+                  stage_last=[order[-1] for order in orders if order])
 
 
 def _order_ids(s: int, num_stages: int, m: int, schedule: Schedule) -> list[int]:

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from ortools.linear_solver import pywraplp
 
 from planner.search.tables import ScenarioTables
 from planner.search.templates import PipelineTemplate
@@ -162,9 +163,6 @@ def _knapsack(
     num_workers: int,
 ) -> tuple[dict[int, int] | None, bool]:
     """Maximise samples covered by time `target_s`; (counts, proven optimal)."""
-    # Imported here: OR-Tools takes half a second to load, which a service pays at start-up.
-    from ortools.sat.python import cp_model
-
     # Data: value of one pipeline of each template at the target time; the knapsack keeps the
     # templates of most value per GPU (an optimum uses few distinct ones) and the hint's.
     covered = {}
@@ -177,36 +175,42 @@ def _knapsack(
     if not value:
         return None, False
     rows = _resource_rows(tables)
-    model = cp_model.CpModel()
+    # CP-SAT through OR-Tools' linear-solver wrapper: the same solver, without the half
+    # second that loading its own Python layer costs every fresh process.
+    solver = pywraplp.Solver.CreateSolver("CP-SAT")
+    infinity = solver.infinity()
     # Variables: pipelines per useful template.
     sizes = {c.key: c.num_gpus for c in tables.classes}
-    count = {k: model.new_int_var(0, _upper_bound(sizes, templates[k]), f"count[{k}]")
-             for k in value}
+    count = {k: solver.IntVar(0, _upper_bound(sizes, templates[k]), f"count[{k}]") for k in value}
     # Constraints: stages of at least each tp level fit the GPUs that can host them.
     for row, capacity in rows.items():
         terms = [(usage[k][row], var) for k, var in count.items() if row in usage[k]]
         if terms:
-            model.add(sum(c * v for c, v in terms) <= capacity)
+            fit = solver.Constraint(-infinity, capacity)
+            for used, var in terms:
+                fit.SetCoefficient(var, used)
     # The number of pipelines, which sets the sync ring's length, may be capped.
-    if max_pipelines is not None:
-        model.add(sum(count.values()) <= max_pipelines)
-    model.add(sum(count.values()) >= 1)
+    total = solver.Constraint(1, max_pipelines if max_pipelines is not None else infinity)
+    for var in count.values():
+        total.SetCoefficient(var, 1)
     # Objective: samples covered by the target time.
-    model.maximize(sum(value[k] * var for k, var in count.items()))
+    objective = solver.Objective()
     for k, var in count.items():
-        model.add_hint(var, hint.get(k, 0))
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(time_limit_s, 0.01)
-    solver.parameters.num_workers = num_workers
-    solver.parameters.random_seed = 0
+        objective.SetCoefficient(var, value[k])
+    objective.SetMaximization()
+    solver.SetHint(list(count.values()), [float(hint.get(k, 0)) for k in count])
     # A knapsack step within 0.1% of its optimum moves Dinkelbach's iteration as well.
-    solver.parameters.relative_gap_limit = 1e-3
-    status = solver.solve(model)
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+    solver.SetSolverSpecificParametersAsString(
+        f"num_workers:{num_workers} random_seed:0 relative_gap_limit:0.001 "
+        f"max_time_in_seconds:{max(time_limit_s, 0.01):.3f}")
+    status = solver.Solve()
+    if status not in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
         return None, False
-    counts = {k: int(solver.value(var)) for k, var in count.items() if solver.value(var) > 0}
-    gap = abs(solver.objective_value - solver.best_objective_bound) / max(1.0, abs(solver.objective_value))
-    return counts, status == cp_model.OPTIMAL and gap <= 1e-3
+    counts = {k: round(var.solution_value()) for k, var in count.items()
+              if round(var.solution_value()) > 0}
+    found, bound = objective.Value(), objective.BestBound()
+    gap = abs(found - bound) / max(1.0, abs(found))
+    return counts, status == pywraplp.Solver.OPTIMAL and gap <= 1e-3
 
 
 def _upper_bound(sizes: dict[tuple[str, str | None], int], t: PipelineTemplate) -> int:
@@ -238,14 +242,25 @@ def _pareto_group(templates: Sequence[PipelineTemplate], classes: Sequence[tuple
     rate = np.array([t.micro_batch / t.bottleneck_s for t in templates])
     fill = np.array([t.fill_s for t in templates])
     sync = np.array([t.sync_s(num_pipelines) for t in templates])
+    # Only a template using a subset of the same classes can dominate: compare each group
+    # of templates with one class set against the templates of its subsets.
+    uses = usage > 0
+    sets: dict[tuple[bool, ...], list[int]] = {}
+    for k in range(len(templates)):
+        sets.setdefault(tuple(uses[k]), []).append(k)
     keep = np.ones(len(templates), dtype=bool)
-    for start in range(0, len(templates), 256):
-        part = slice(start, start + 256)
-        no_worse = ((usage[None, :, :] <= usage[part, None, :]).all(axis=2)
-                    & (rate[None, :] >= rate[part, None]) & (fill[None, :] <= fill[part, None])
-                    & (sync[None, :] <= sync[part, None]))
-        better = ((usage[None, :, :] < usage[part, None, :]).any(axis=2)
-                  | (rate[None, :] > rate[part, None]) | (fill[None, :] < fill[part, None])
-                  | (sync[None, :] < sync[part, None]))
-        keep[part] = ~(no_worse & better).any(axis=1)
+    for own_set, members in sets.items():
+        own = np.array(members)
+        rivals = np.concatenate([np.array(ks) for other, ks in sets.items()
+                                 if all(o or not x for o, x in zip(own_set, other, strict=True))])
+        for start in range(0, len(own), 256):
+            part = own[start:start + 256]
+            no_worse = ((usage[None, rivals, :] <= usage[part, None, :]).all(axis=2)
+                        & (rate[None, rivals] >= rate[part, None])
+                        & (fill[None, rivals] <= fill[part, None])
+                        & (sync[None, rivals] <= sync[part, None]))
+            better = ((usage[None, rivals, :] < usage[part, None, :]).any(axis=2)
+                      | (rate[None, rivals] > rate[part, None]) | (fill[None, rivals] < fill[part, None])
+                      | (sync[None, rivals] < sync[part, None]))
+            keep[part] = ~(no_worse & better).any(axis=1)
     return [t for t, k in zip(templates, keep, strict=True) if k]

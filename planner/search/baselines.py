@@ -15,10 +15,9 @@ import itertools
 from collections import Counter
 from collections.abc import Iterable, Iterator
 
-from planner.documents import Schedule
 from planner.search.drafts import Candidate, Draft, best_realized, draft, identical_draft
 from planner.search.tables import ResourceClass, ScenarioTables
-from planner.search.templates import PipelineTemplate, StageShape, fixed_template
+from planner.search.templates import PipelineTemplate, StageShape, TemplateContext
 
 __all__ = ["even_bounds", "baseline_candidates"]
 
@@ -38,9 +37,10 @@ def baseline_candidates(
     tables: ScenarioTables, templates: list[PipelineTemplate]
 ) -> dict[str, list[Candidate]]:
     """Placed candidates of each baseline, best first by the quick estimate."""
+    ctx = TemplateContext(tables, tables.scenario.job.schedule)
     return {
-        "homogeneous": best_realized(tables, _homogeneous(tables), KEEP),
-        "unaware": best_realized(tables, _unaware(tables), KEEP),
+        "homogeneous": best_realized(tables, _homogeneous(ctx), KEEP),
+        "unaware": best_realized(tables, _unaware(ctx), KEEP),
         "per_type": best_realized(tables, _per_type(tables, templates), KEEP),
     }
 
@@ -57,8 +57,8 @@ def _shapes(tables: ScenarioTables) -> Iterator[tuple[int, int]]:
     yield from sorted({(b, tp) for (_, b, tp) in tables.points})
 
 
-def _homogeneous(tables: ScenarioTables) -> Iterator[Draft | None]:
-    schedule = tables.scenario.job.schedule
+def _homogeneous(ctx: TemplateContext) -> Iterator[Draft | None]:
+    tables = ctx.tables
     by_type: dict[str, list[ResourceClass]] = {}
     for cls in tables.classes:
         by_type.setdefault(cls.gpu_type, []).append(cls)
@@ -71,19 +71,18 @@ def _homogeneous(tables: ScenarioTables) -> Iterator[Draft | None]:
                 shapes = [StageShape(resource=cls.key, tp=tp)] * depth
                 most = cls.slots(tp) // depth
                 # Under ZeRO the state shrinks with the number of pipelines: check at the most.
-                template = fixed_template(tables, schedule, shapes, b,
-                                          even_bounds(tables.num_layers, depth),
-                                          same_node_links=depth * tp <= cls.largest_node,
-                                          num_pipelines=max(most, 1))
+                template = ctx.fixed(shapes, b, even_bounds(tables.num_layers, depth),
+                                     same_node_links=depth * tp <= cls.largest_node,
+                                     num_pipelines=max(most, 1))
                 if template is None:
                     continue
                 yield from _identical(tables, template, range(most, 0, -1),
                                       f"homogeneous baseline ({gpu_type})")
 
 
-def _unaware(tables: ScenarioTables) -> Iterator[Draft | None]:
+def _unaware(ctx: TemplateContext) -> Iterator[Draft | None]:
     """Identical pipelines over every GPU: each takes the same share of every class."""
-    schedule: Schedule = tables.scenario.job.schedule
+    tables = ctx.tables
     gpus = Counter({c.key: c.num_gpus for c in tables.classes})
     for b, tp in _shapes(tables):
         if any((key[0], b, tp) not in tables.points for key in gpus):
@@ -101,9 +100,8 @@ def _unaware(tables: ScenarioTables) -> Iterator[Draft | None]:
                 shapes = [StageShape(resource=key, tp=tp)
                           for key in order for _ in range(per_pipeline[key])]
                 fits_node = all(per_pipeline[c.key] * tp <= c.largest_node for c in tables.classes)
-                template = fixed_template(tables, schedule, shapes, b,
-                                          even_bounds(tables.num_layers, depth),
-                                          same_node_links=fits_node, num_pipelines=n)
+                template = ctx.fixed(shapes, b, even_bounds(tables.num_layers, depth),
+                                     same_node_links=fits_node, num_pipelines=n)
                 if template is not None:
                     yield from _identical(tables, template, [n], "unaware baseline")
 

@@ -61,21 +61,40 @@ class SuffixSweep:
         self.best: list[np.ndarray] = []
         self.choice: list[np.ndarray] = []
         self.specs: list[StageSpec] = []
+        self.costs: list[np.ndarray] = []
+        """Per pushed stage: its time over every layer range, as the DP saw it."""
 
     def push(self, spec: StageSpec) -> None:
         """Add one more stage in front of those already swept."""
         link_out = self.specs[-1].link_in if self.specs else None
-        cost, fits = self._stage_matrix(spec, link_out)
+        cost = self._cost_matrix(spec, link_out)
+        # The k-th stage from the end starts at some j <= L - k and ends at e <= L - k + 1:
+        # each stage behind it needs a layer. Only that corner of the matrices is swept.
+        starts = self.tables.num_layers - len(self.specs)
+        if starts <= 0:
+            raise ValueError("a pipeline cannot have more stages than the model has layers")
+        corner = (slice(0, starts), slice(0, starts + 1))
+        fits = self._most_in_flight(spec)[corner] >= spec.in_flight
         if self.specs:
-            total = np.maximum(cost, self.best[-1][None, :])
+            total = np.where(fits, np.maximum(cost[corner], self.best[-1]), INF)
         else:
-            total = np.full_like(cost, INF)
-            total[:, -1] = cost[:, -1]
-        total[~fits] = INF
-        choice = np.argmin(total, axis=1)
-        self.best.append(total[np.arange(total.shape[0]), choice])
+            total = np.full((starts, starts + 1), INF)
+            total[:, -1] = np.where(fits[:, -1], cost[:starts, -1], INF)
+        choice = total.argmin(axis=1)
+        self.best.append(total[_rows(starts), choice])
         self.choice.append(choice)
         self.specs.append(spec)
+        self.costs.append(cost)
+
+    def branch(self, front_link_in: LinkCost) -> SuffixSweep:
+        """A copy whose front-most stage receives over `front_link_in` instead (where another
+        segment will join the pipeline), ready for more stages in front."""
+        copy = SuffixSweep(self.tables, blocking=self.blocking, num_pipelines=self.num_pipelines)
+        copy.best, copy.choice, copy.specs, copy.costs = (
+            self.best[:-1], self.choice[:-1], self.specs[:-1], self.costs[:-1])
+        front = self.specs[-1]
+        copy.push(StageSpec(point=front.point, in_flight=front.in_flight, link_in=front_link_in))
+        return copy
 
     def depth_bottleneck(self, num_stages: int) -> float:
         return float(self.best[num_stages - 1][0])
@@ -84,49 +103,68 @@ class SuffixSweep:
         if num_stages > len(self.best) or not np.isfinite(self.best[num_stages - 1][0]):
             return None
         bounds = [0]
+        stage_s = []
         for k in range(num_stages, 0, -1):
-            bounds.append(int(self.choice[k - 1][bounds[-1]]))
-        return fixed_partition(self.tables, self.specs[:num_stages], bounds,
-                               blocking=self.blocking, num_pipelines=self.num_pipelines)
+            start = bounds[-1]
+            bounds.append(int(self.choice[k - 1][start]))
+            stage_s.append(float(self.costs[k - 1][start, bounds[-1]]))
+        return Partition(bounds=tuple(bounds), stage_s=tuple(stage_s))
 
-    def _stage_matrix(
-        self, spec: StageSpec, link_out: LinkCost | None
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Time and fit of this stage over every layer range [j, e) (upper triangle).
-
-        Cached per search: thousands of sweeps push the same few stage shapes."""
+    def _cost_matrix(self, spec: StageSpec, link_out: LinkCost | None) -> np.ndarray:
+        """Time of this stage over every layer range [j, e): compute plus, with blocking
+        transfers, both neighbour transfers twice. Cached per search: thousands of sweeps
+        push the same few stage shapes."""
+        key = ("cost", id(spec.point), spec.link_in, link_out, self.blocking)
         cache = self.tables.matrices
-        cost_key = ("cost", id(spec.point), spec.link_in, link_out, self.blocking)
-        fits_key = ("fits", id(spec.point), spec.in_flight, spec.link_in is None,
-                    self.num_pipelines)
-        if cost_key not in cache or fits_key not in cache:
-            cost, fits = self._compute_matrix(spec, link_out)
-            cost.flags.writeable = fits.flags.writeable = False
-            cache.setdefault(cost_key, cost)
-            cache.setdefault(fits_key, fits)
-        return cache[cost_key], cache[fits_key]
+        if key not in cache:
+            tables, point = self.tables, spec.point
+            cost = point.compute_s[None, :] - point.compute_s[:, None]
+            if self.blocking:
+                x_in = _transfer_row(tables, point.micro_batch, spec.link_in, first_index_free=True)
+                x_out = _transfer_row(tables, point.micro_batch, link_out, first_index_free=False)
+                cost = cost + 2.0 * (x_in[:, None] + x_out[None, :])
+            cost.flags.writeable = False
+            cache[key] = cost
+        return cache[key]
 
-    def _compute_matrix(
-        self, spec: StageSpec, link_out: LinkCost | None
-    ) -> tuple[np.ndarray, np.ndarray]:
-        tables = self.tables
-        point = spec.point
-        size = tables.num_layers + 1
-        compute = point.compute_s[None, :] - point.compute_s[:, None]
-        if self.blocking:
-            x_in = _transfer_row(tables, point.micro_batch, spec.link_in, first_index_free=True)
-            x_out = _transfer_row(tables, point.micro_batch, link_out, first_index_free=False)
-            compute = compute + 2.0 * (x_in[:, None] + x_out[None, :])
-        state = (tables.params[None, :] - tables.params[:, None]) / point.tp * self._state_per_param
-        acts = (point.activation_bytes[None, :] - point.activation_bytes[:, None]) * spec.in_flight
-        fits = (state + acts <= tables.capacity_bytes[point.gpu_type]) & _upper(size)
-        if spec.link_in is None:
-            fits[1:, :] = False
-        return compute, fits
+    def _most_in_flight(self, spec: StageSpec) -> np.ndarray:
+        """The most micro-batches in flight with which this stage fits over each layer range
+        [j, e): the largest k with state + k * activations <= capacity; -1 where nothing fits
+        or the range is empty (a stage that can only be first fits only from layer 0)."""
+        first_only = spec.link_in is None
+        key = ("most", id(spec.point), first_only, self.num_pipelines)
+        cache = self.tables.matrices
+        if key not in cache:
+            tables, point = self.tables, spec.point
+            size = tables.num_layers + 1
+            state = ((tables.params[None, :] - tables.params[:, None]) / point.tp
+                     * self._state_per_param)
+            acts = point.activation_bytes[None, :] - point.activation_bytes[:, None]
+            capacity = tables.capacity_bytes[point.gpu_type]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                guess = np.floor((capacity - state) / np.where(acts > 0, acts, 1.0))
+            most = np.where(acts > 0, np.clip(guess, -1, MOST), MOST)
+            # The division rounds; settle the boundary with the very test the estimate uses.
+            most = np.where(state + acts * (most + 1) <= capacity, most + 1, most)
+            most = np.where(state + acts * np.maximum(most, 0) > capacity, most - 1, most)
+            most = np.where((state <= capacity) & _upper(size), np.clip(most, -1, MOST), -1)
+            if first_only:
+                most[1:, :] = -1
+            most.flags.writeable = False
+            cache[key] = most
+        return cache[key]
 
     @property
     def _state_per_param(self) -> float:
         return state_bytes_per_param(self.tables.scenario, self.num_pipelines).total
+
+
+MOST = 1 << 30  # in flight: more than any schedule keeps
+
+
+@functools.cache
+def _rows(size: int) -> np.ndarray:
+    return np.arange(size)
 
 
 def fixed_partition(

@@ -6,6 +6,7 @@ arrays turn each range's compute, memory and parameter count into O(1).
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -43,17 +44,24 @@ class ResourceClass:
     def key(self) -> tuple[str, str | None]:
         return (self.gpu_type, self.zone)
 
-    @property
+    # Cached: a class of thousands of nodes is asked these in every inner loop of the search.
+    @functools.cached_property
     def num_gpus(self) -> int:
         return sum(n.gpus for n in self.nodes)
 
-    @property
+    @functools.cached_property
     def largest_node(self) -> int:
         return max(n.gpus for n in self.nodes)
 
     def slots(self, tp: int) -> int:
         """How many tp-GPU stages the class can host (a stage never spans nodes)."""
-        return sum(n.gpus // tp for n in self.nodes)
+        if tp not in self._slots:
+            self._slots[tp] = sum(n.gpus // tp for n in self.nodes)
+        return self._slots[tp]
+
+    @functools.cached_property
+    def _slots(self) -> dict[int, int]:
+        return {}
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)

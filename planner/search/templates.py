@@ -9,7 +9,6 @@ behind), which is what per-type data parallelism cannot express.
 
 from __future__ import annotations
 
-import copy
 import functools
 import math
 from collections.abc import Callable, Iterator
@@ -27,7 +26,7 @@ from planner.search.partition import (
 from planner.search.tables import ResourceClass, ScenarioTables
 
 __all__ = [
-    "StageShape", "PipelineTemplate", "generate_templates", "TemplateLimits", "fixed_template",
+    "StageShape", "PipelineTemplate", "generate_templates", "TemplateLimits", "TemplateContext",
 ]
 
 ClassKey = tuple[str, str | None]
@@ -123,7 +122,10 @@ class PipelineTemplate:
         return {}
 
 
-class _Context:
+class TemplateContext:
+    """What every template of one search is built from: the tables, the schedule, and
+    memoised links and stage specs (the same few are asked for thousands of times)."""
+
     def __init__(self, tables: ScenarioTables, schedule: Schedule) -> None:
         self.tables = tables
         self.scenario = tables.scenario
@@ -131,13 +133,19 @@ class _Context:
         self.blocking = self.scenario.job.blocking_transfers
         self.by_key = {c.key: c for c in tables.classes}
         self._rings: dict[ClassKey, tuple[float, float]] = {}
+        self._links: dict[tuple[ClassKey, ClassKey, bool], LinkCost] = {}
+        self._runs: dict[tuple[StageShape, int, LinkCost], list[StageSpec]] = {}
 
     def link(self, front: ClassKey, back: ClassKey, *, same_node: bool) -> LinkCost:
-        if same_node:
-            link = self.scenario.cluster.intra_node[front[0]]
-        else:
-            link = zone_link(self.scenario, front[1], back[1])
-        return LinkCost(latency_s=link.latency_us * 1e-6, bytes_per_s=link.bandwidth_gb_per_s * 1e9)
+        key = (front, back, same_node)
+        if key not in self._links:
+            if same_node:
+                link = self.scenario.cluster.intra_node[front[0]]
+            else:
+                link = zone_link(self.scenario, front[1], back[1])
+            self._links[key] = LinkCost(latency_s=link.latency_us * 1e-6,
+                                        bytes_per_s=link.bandwidth_gb_per_s * 1e9)
+        return self._links[key]
 
     def ring(self, resource: ClassKey) -> tuple[float, float]:
         """(bytes/s, latency s) of a sync ring among holders of one class on different nodes."""
@@ -155,6 +163,45 @@ class _Context:
         point = self.tables.points[(shape.gpu_type, b, shape.tp)]
         return StageSpec(point=point, in_flight=in_flight, link_in=link_in)
 
+    def run_specs(self, shape: StageShape, b: int, depth: int, link: LinkCost) -> list[StageSpec]:
+        """Specs of `depth` stages of one shape joined by `link`, counted from the end."""
+        run = self._runs.setdefault((shape, b, link), [])
+        while len(run) < depth:
+            run.append(self.stage_spec(shape, b, len(run) + 1, link))
+        return run[:depth]
+
+    def fixed(
+        self,
+        stages: list[StageShape],
+        b: int,
+        bounds: list[int],
+        *,
+        same_node_links: bool = False,
+        num_pipelines: int = 1,
+    ) -> PipelineTemplate | None:
+        """A template with a given layer split (the even splits of the baselines)."""
+        tables = self.tables
+        if any((s.gpu_type, b, s.tp) not in tables.points for s in stages):
+            return None
+        depth = len(stages)
+        if all(s == stages[0] for s in stages):
+            shape = stages[0]
+            specs = self.run_specs(shape, b, depth, self.link(shape.resource, shape.resource,
+                                                              same_node=same_node_links))
+        else:
+            specs = []
+            for k in range(1, depth + 1):
+                shape = stages[depth - k]
+                front = stages[depth - k - 1] if k < depth else shape
+                same = same_node_links and front.resource == shape.resource
+                specs.append(self.stage_spec(shape, b, k, self.link(front.resource, shape.resource,
+                                                                    same_node=same)))
+        part = fixed_partition(tables, specs, bounds, blocking=self.blocking,
+                               num_pipelines=num_pipelines)
+        if part is None:
+            return None
+        return _template_from_partition(self, specs, part, b, stages)
+
 
 def generate_templates(
     tables: ScenarioTables,
@@ -165,7 +212,7 @@ def generate_templates(
 ) -> list[PipelineTemplate]:
     """Homogeneous templates of every class, depth and profiled point, then two-segment ones."""
     limits = limits or TemplateLimits()
-    ctx = _Context(tables, schedule)
+    ctx = TemplateContext(tables, schedule)
     homogeneous = list(_homogeneous(ctx, num_pipelines_hint, limits))
     best_points = _best_points(ctx, homogeneous, limits.max_points_per_class)
     deepest = _deepest_useful(homogeneous)
@@ -173,14 +220,14 @@ def generate_templates(
     return homogeneous + mixed
 
 
-def _points(ctx: _Context, cls: ResourceClass) -> Iterator[tuple[int, int]]:
+def _points(ctx: TemplateContext, cls: ResourceClass) -> Iterator[tuple[int, int]]:
     for (gpu_type, b, tp) in ctx.tables.points:
         if gpu_type == cls.gpu_type and tp <= cls.largest_node:
             yield b, tp
 
 
 def _homogeneous(
-    ctx: _Context, num_pipelines: int, limits: TemplateLimits
+    ctx: TemplateContext, num_pipelines: int, limits: TemplateLimits
 ) -> Iterator[PipelineTemplate]:
     for cls in ctx.tables.classes:
         for b, tp in _points(ctx, cls):
@@ -198,7 +245,7 @@ def _homogeneous(
 
 
 def _best_points(
-    ctx: _Context, homogeneous: list[PipelineTemplate], keep: int
+    ctx: TemplateContext, homogeneous: list[PipelineTemplate], keep: int
 ) -> dict[ClassKey, list[tuple[int, int]]]:
     """Per class, the (micro_batch, tp) points of most samples per GPU-second: the best of
     its homogeneous pipelines, and the best on compute alone (a class too small or too
@@ -236,7 +283,7 @@ def _deepest_useful(templates: list[PipelineTemplate]) -> dict[tuple[ClassKey, i
 
 
 def _two_segment(
-    ctx: _Context,
+    ctx: TemplateContext,
     best_points: dict[ClassKey, list[tuple[int, int]]],
     deepest: dict[tuple[ClassKey, int, int], int],
     num_pipelines: int,
@@ -257,7 +304,7 @@ def _two_segment(
 
 
 def _two_segment_family(
-    ctx: _Context,
+    ctx: TemplateContext,
     front: ResourceClass,
     back: ResourceClass,
     b: int,
@@ -282,13 +329,8 @@ def _two_segment_family(
             max_front = min(limits.max_stages - num_back, front.slots(tp_front),
                             ctx.tables.num_layers - num_back,
                             deepest.get((front.key, b, tp_front), 1) + 1)
-            branch = copy.copy(sweep)
-            branch.best, branch.choice, branch.specs = (
-                list(sweep.best), list(sweep.choice), list(sweep.specs))
             # The last back stage pushed receives from the front segment over `crossing`.
-            branch.specs[-1] = StageSpec(point=branch.specs[-1].point,
-                                         in_flight=branch.specs[-1].in_flight, link_in=crossing)
-            _recompute_front_edge(branch)
+            branch = sweep.branch(crossing)
             for k in range(1, max_front + 1):
                 inner = (k + 1) * tp_front <= front.largest_node and tp_front * 2 <= front.largest_node
                 link = ctx.link(front.key, front.key, same_node=inner)
@@ -311,7 +353,7 @@ IMPROVEMENT = 0.98
 
 
 def _useful_depths(
-    ctx: _Context,
+    ctx: TemplateContext,
     sweep: SuffixSweep,
     depths: range,
     b: int,
@@ -328,16 +370,8 @@ def _useful_depths(
             yield template
 
 
-def _recompute_front_edge(sweep: SuffixSweep) -> None:
-    """Redo the front-most row of a sweep after changing that stage's incoming link."""
-    spec = sweep.specs.pop()
-    sweep.best.pop()
-    sweep.choice.pop()
-    sweep.push(spec)
-
-
 def _template(
-    ctx: _Context, sweep: SuffixSweep, depth: int, b: int, stages: list[StageShape]
+    ctx: TemplateContext, sweep: SuffixSweep, depth: int, b: int, stages: list[StageShape]
 ) -> PipelineTemplate | None:
     if not math.isfinite(sweep.depth_bottleneck(depth)):
         return None
@@ -348,7 +382,7 @@ def _template(
 
 
 def _template_from_partition(
-    ctx: _Context, specs: list[StageSpec], part: Partition, b: int, stages: list[StageShape]
+    ctx: TemplateContext, specs: list[StageSpec], part: Partition, b: int, stages: list[StageShape]
 ) -> PipelineTemplate | None:
     depth = len(stages)
     tables = ctx.tables
@@ -374,7 +408,7 @@ def _template_from_partition(
         max_micro_batches=max_m, sync_parts=tuple(sync_parts))
 
 
-def _gpipe_limit(ctx: _Context, part: Partition, stages: list[StageShape], b: int) -> int:
+def _gpipe_limit(ctx: TemplateContext, part: Partition, stages: list[StageShape], b: int) -> int:
     tables = ctx.tables
     limit = 10**9
     for s, shape in enumerate(stages):
@@ -385,32 +419,3 @@ def _gpipe_limit(ctx: _Context, part: Partition, stages: list[StageShape], b: in
         room = tables.capacity_bytes[shape.gpu_type] - state
         limit = min(limit, int(room // acts) if acts > 0 else 10**9)
     return limit
-
-
-def fixed_template(
-    tables: ScenarioTables,
-    schedule: Schedule,
-    stages: list[StageShape],
-    b: int,
-    bounds: list[int],
-    *,
-    same_node_links: bool = False,
-    num_pipelines: int = 1,
-) -> PipelineTemplate | None:
-    """A template with a given layer split (the even splits of the baselines)."""
-    ctx = _Context(tables, schedule)
-    if any((s.gpu_type, b, s.tp) not in tables.points for s in stages):
-        return None
-    depth = len(stages)
-    specs = []
-    for k in range(1, depth + 1):
-        shape = stages[depth - k]
-        front = stages[depth - k - 1] if k < depth else shape
-        same = same_node_links and front.resource == shape.resource
-        specs.append(ctx.stage_spec(shape, b, k, ctx.link(front.resource, shape.resource,
-                                                          same_node=same)))
-    part = fixed_partition(tables, specs, bounds, blocking=ctx.blocking,
-                           num_pipelines=num_pipelines)
-    if part is None:
-        return None
-    return _template_from_partition(ctx, specs, part, b, stages)

@@ -11,7 +11,7 @@ from planner import parse_scenario
 from planner.documents import Schedule
 from planner.search.partition import LinkCost, SuffixSweep, fixed_partition
 from planner.search.tables import compile_tables
-from planner.search.templates import StageShape, _Context
+from planner.search.templates import StageShape, TemplateContext
 from tests.planner.scenarios import tiny
 
 
@@ -35,7 +35,7 @@ def test_sweep_equals_brute_force_over_all_splits(times: list[float], depth: int
                                                   memory_gib: float) -> None:
     scenario = parse_scenario(scenario_with(times, memory_gib))
     tables = compile_tables(scenario)
-    ctx = _Context(tables, Schedule.ONE_F_ONE_B)
+    ctx = TemplateContext(tables, Schedule.ONE_F_ONE_B)
     shape = StageShape(resource=tables.classes[0].key, tp=1)
     link = LinkCost(latency_s=1e-5, bytes_per_s=1e10)
     specs = [ctx.stage_spec(shape, 1, k, link) for k in range(1, depth + 1)]
