@@ -71,8 +71,12 @@ class SuffixSweep:
         # The k-th stage from the end starts at some j <= L - k and ends at e <= L - k + 1:
         # each stage behind it needs a layer. Only that corner of the matrices is swept.
         starts = self.tables.num_layers - len(self.specs)
-        if starts <= 0:
-            raise ValueError("a pipeline cannot have more stages than the model has layers")
+        if starts <= 0:  # more stages than layers: no split
+            self.best.append(np.full(1, INF))
+            self.choice.append(np.zeros(1, dtype=np.intp))
+            self.specs.append(spec)
+            self.costs.append(cost)
+            return
         corner = (slice(0, starts), slice(0, starts + 1))
         fits = self._most_in_flight(spec)[corner] >= spec.in_flight
         if self.specs:
