@@ -109,7 +109,8 @@ def evaluate(scenario: Scenario, plan: Plan) -> Evaluation:
         return result
     nic_share = _nic_share(scenario, plan, nodes)
     share = {name: s for name, (_, s) in nic_share.items()}
-    sync = _sync_per_stage(scenario, plan, nodes, share)
+    first_nodes = [[_first_node(stage, nodes) for stage in p.stages] for p in plan.pipelines]
+    sync = _sync_per_stage(scenario, plan, first_nodes, share)
     if len(plan.pipelines) > 1:  # interfaces are shared by the sync only
         result.shared_nics = {
             name: {"nics": nodes.by_name[name].num_nics, "used_gpus": used, "share": s}
@@ -117,7 +118,8 @@ def evaluate(scenario: Scenario, plan: Plan) -> Evaluation:
         }
     layer_sums: dict[tuple[str, int, int, int, int], tuple[float, float, float, float]] = {}
     result.pipelines = [
-        _estimate_pipeline(scenario, plan, i, nodes, profiles, schedule, sync[i], layer_sums)
+        _estimate_pipeline(scenario, plan, i, first_nodes[i], profiles, schedule, sync[i],
+                           layer_sums)
         for i in range(len(plan.pipelines))
     ]
     for p in result.pipelines:
@@ -241,7 +243,7 @@ def _first_node(stage: Stage, nodes: NodeIndex) -> Node:
 
 
 def _sync_per_stage(
-    scenario: Scenario, plan: Plan, nodes: NodeIndex, nic_share: dict[str, float]
+    scenario: Scenario, plan: Plan, first_nodes: list[list[Node]], nic_share: dict[str, float]
 ) -> list[list[float]]:
     """Gradient-sync seconds of every stage: per-layer rings in pipeline order."""
     n = len(plan.pipelines)
@@ -252,18 +254,23 @@ def _sync_per_stage(
     grad_bytes = scenario.job.grad_bytes
     holder_of_layer = [_layer_holders(p, len(model.layers)) for p in plan.pipelines]
     hop_cache: dict[tuple[str, str], tuple[float, float]] = {}
+    ring: tuple[float, float] = (0.0, 0.0)
+    previous: list[int] | None = None
     for layer, kind in enumerate(model.layers):
-        holders = [(holder_of_layer[p][layer], p) for p in range(n)]
-        ring_nodes = [_first_node(plan.pipelines[p].stages[s], nodes) for s, p in holders]
-        hops = []
-        for a, b in zip(ring_nodes, ring_nodes[1:] + ring_nodes[:1], strict=True):
-            key = (a.name, b.name)
-            if key not in hop_cache:
-                hop_cache[key] = ring_hop(scenario, a, b, nic_share)
-            hops.append(hop_cache[key])
-        bandwidth, latency = ring_cost(hops)
+        holders = [holder_of_layer[p][layer] for p in range(n)]
+        # Consecutive layers held by the same stages share one ring.
+        if holders != previous:
+            ring_nodes = [first_nodes[p][s] for p, s in enumerate(holders)]
+            hops = []
+            for a, b in zip(ring_nodes, ring_nodes[1:] + ring_nodes[:1], strict=True):
+                key = (a.name, b.name)
+                if key not in hop_cache:
+                    hop_cache[key] = ring_hop(scenario, a, b, nic_share)
+                hops.append(hop_cache[key])
+            ring, previous = ring_cost(hops), holders
+        bandwidth, latency = ring
         params = model.kinds[kind].params
-        for s, p in holders:
+        for p, s in enumerate(holders):
             tp = plan.pipelines[p].stages[s].tp
             sync[p][s] += (2 * (n - 1) / n * params * grad_bytes / tp / bandwidth
                            + 2 * (n - 1) * latency)
@@ -308,7 +315,7 @@ def _estimate_pipeline(
     scenario: Scenario,
     plan: Plan,
     index: int,
-    nodes: NodeIndex,
+    first_nodes: list[Node],
     profiles: ProfileIndex,
     schedule: Schedule,
     sync: list[float],
@@ -319,7 +326,6 @@ def _estimate_pipeline(
     b, m = pipeline.micro_batch_size, pipeline.num_micro_batches
     num_stages = len(pipeline.stages)
     state_per_param = state_bytes_per_param(scenario, len(plan.pipelines)).total
-    first_nodes = [_first_node(stage, nodes) for stage in pipeline.stages]
     transfers = [
         transfer_s(link_between(scenario, first_nodes[s], first_nodes[s + 1]),
                    model.kinds[model.layers[stage.layers[1] - 1]].output_bytes_per_sample * b)

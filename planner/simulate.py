@@ -12,6 +12,8 @@ import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from planner.documents import Schedule
 
 __all__ = ["stage_order", "simulate_pipeline"]
@@ -52,6 +54,8 @@ def simulate_pipeline(
     transfers do not block.
     """
     num_stages, m = len(forward_s), num_micro_batches
+    if num_stages == 0 or m <= 0:
+        return 0.0
     order = _processing_order(num_stages, m, schedule)
     # Per (stage, direction) = 2 * stage + direction: duration and input delay.
     duration = [0.0] * (2 * num_stages)
@@ -77,7 +81,7 @@ def simulate_pipeline(
 class _Order:
     """A schedule's operations in an order that respects every dependency, with, for
     each, the operation before it on its stage and the one producing its input (-1:
-    none). It depends only on the shape of the schedule, so it is computed once and the
+    none). It depends only on the shape of the schedule, so it is computed once, and the
     simulation is a single pass with no waiting."""
 
     num_ops: int
@@ -92,50 +96,42 @@ class _Order:
 
 @functools.lru_cache(maxsize=64)
 def _processing_order(num_stages: int, m: int, schedule: Schedule) -> _Order:
-    # Operations are numbered (stage, direction, micro-batch) -> (2 * stage + direction) * m + i.
-    orders = [_order_ids(s, num_stages, m, schedule) for s in range(num_stages)]
-    seen = [False] * (2 * num_stages * m)
-    position = [0] * num_stages
-    last = num_stages - 1
-    ops: list[int] = []
-    previous: list[int] = []
-    producer: list[int] = []
-    kind: list[int] = []
-    # Each stage runs until an input is missing, then waits on the operation that
-    # produces it; finishing that operation wakes it.
-    waiting: dict[int, int] = {}
-    runnable = list(range(num_stages))
-    while runnable:
-        s = runnable.pop()
-        order, pos = orders[s], position[s]
-        backward_base = (2 * s + 1) * m
-        while pos < len(order):
-            op = order[pos]
-            if op < backward_base:
-                needed = -1 if s == 0 else op - 2 * m
-                direction = FORWARD
-            else:
-                needed = op - m if s == last else op + 2 * m
-                direction = BACKWARD
-            if needed >= 0 and not seen[needed]:
-                waiting[needed] = s
-                break
-            ops.append(op)
-            previous.append(order[pos - 1] if pos > 0 else -1)
-            producer.append(needed)
-            kind.append(2 * s + direction)
-            seen[op] = True
-            pos += 1
-            woken = waiting.pop(op, None)
-            if woken is not None:
-                runnable.append(woken)
-        position[s] = pos
-    assert all(position[s] == len(orders[s]) for s in range(num_stages)), "schedule deadlock"
-    return _Order(num_ops=len(seen), ops=ops, previous=previous, producer=producer, kind=kind,
-                  stage_last=[order[-1] for order in orders if order])
+    """Operations are numbered (stage, direction, micro-batch) -> (2 * stage + direction) * m + i
+    and sorted by the key 2 * S * position + stage for forwards, - stage for backwards.
 
-
-def _order_ids(s: int, num_stages: int, m: int, schedule: Schedule) -> list[int]:
-    forward, backward = 2 * s * m, (2 * s + 1) * m
-    return [(forward if d == FORWARD else backward) + i
-            for d, i in stage_order(s, num_stages, m, schedule)]
+    Why that is a dependency order: within a stage the key grows with the position (the
+    stage term is below S). A forward waits on the previous stage's forward of the same
+    micro-batch, which sits at the same position there during warm-up and one position
+    earlier after it; a backward waits on the next stage's backward, at the same position
+    during cool-down and one earlier before it (1F1B warm-up shrinks by one per stage); under
+    GPipe both sit at the same position. Equal positions are ordered by the stage term."""
+    stages = np.arange(num_stages)[:, None]
+    i = np.arange(m)[None, :]
+    if schedule is Schedule.GPIPE:
+        forward_at = np.broadcast_to(i, (num_stages, m))
+        backward_at = np.broadcast_to(m + i, (num_stages, m))
+    else:
+        warmup = np.minimum(num_stages - 1 - stages, m)
+        forward_at = np.where(i < warmup, i, 2 * i - warmup)
+        backward_at = np.where(i < m - warmup, warmup + 2 * i + 1, m + i)
+    forward_id = 2 * stages * m + i
+    backward_id = forward_id + m
+    op_at = np.empty((num_stages, 2 * m), dtype=np.int64)  # stage's operation at each position
+    np.put_along_axis(op_at, forward_at, forward_id, axis=1)
+    np.put_along_axis(op_at, backward_at, backward_id, axis=1)
+    previous_at = np.concatenate((np.full((num_stages, 1), -1), op_at[:, :-1]), axis=1)
+    # Flat arrays indexed by operation id.
+    position = np.empty(2 * num_stages * m, dtype=np.int64)
+    previous = np.empty_like(position)
+    position[op_at] = np.arange(2 * m)[None, :]
+    previous[op_at] = previous_at
+    ids = np.arange(2 * num_stages * m)
+    stage = ids // (2 * m)
+    backward = (ids // m) % 2 == 1
+    producer = np.where(backward, np.where(stage == num_stages - 1, ids - m, ids + 2 * m),
+                        np.where(stage == 0, -1, ids - 2 * m))
+    key = 2 * num_stages * position + np.where(backward, -stage, stage)
+    ops = np.argsort(key, kind="stable")
+    return _Order(num_ops=len(ids), ops=ops.tolist(), previous=previous[ops].tolist(),
+                  producer=producer[ops].tolist(),
+                  kind=(2 * stage + backward)[ops].tolist(), stage_last=op_at[:, -1].tolist())

@@ -13,7 +13,7 @@ import functools
 
 from planner.documents import Pipeline, Plan, Scenario
 from planner.estimate import Evaluation, PipelineEstimate, simulate_estimate
-from planner.search.shares import binary_most_by, least_time_shares
+from planner.search.shares import galloping_most_by, least_time_shares
 
 __all__ = ["rebalance"]
 
@@ -54,6 +54,8 @@ class _SimulatedClock:
         self.limit = _max_micro_batches(estimate)
         depth = len(estimate.stages)
         self.steady, self.window = 2 * depth + 2, depth + 1
+        self.period_s = max(s.effective_forward_ms + s.effective_backward_ms
+                            for s in estimate.stages) * 1e-3
 
     @functools.cache  # noqa: B019 - one clock per pipeline shape, short-lived
     def simulated(self, m: int) -> float:
@@ -67,7 +69,10 @@ class _SimulatedClock:
         return self.simulated(end) + (m - end) * slope
 
     def most_by(self, target_s: float, cap: int) -> int:
-        return binary_most_by(self, target_s, cap)
+        # Guess from the first micro-batch and the bottleneck stage, then walk to the answer.
+        first = self.simulated(1)
+        guess = 1 + int((target_s - first) / self.period_s) if target_s >= first else 0
+        return galloping_most_by(self, target_s, cap, guess)
 
 
 def _max_micro_batches(estimate: PipelineEstimate) -> int:

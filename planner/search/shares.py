@@ -14,7 +14,7 @@ import heapq
 from collections.abc import Sequence
 from typing import Protocol
 
-__all__ = ["PipelineClock", "binary_most_by", "least_time_shares"]
+__all__ = ["PipelineClock", "galloping_most_by", "least_time_shares"]
 
 
 class PipelineClock(Protocol):
@@ -29,9 +29,29 @@ class PipelineClock(Protocol):
         ...
 
 
-def binary_most_by(clock: PipelineClock, target_s: float, cap: int) -> int:
-    """`most_by` for any non-decreasing `time_of`."""
-    low, high = 0, cap
+def galloping_most_by(clock: PipelineClock, target_s: float, cap: int, guess: int) -> int:
+    """`most_by` for any non-decreasing `time_of`, starting from a guess: steps that double
+    away from it bracket the answer, which is then bisected. A good guess (from a linear
+    model of the clock) costs a few calls of `time_of` instead of log2(cap)."""
+    low, high = 0, cap  # time_of(low) <= target_s; the answer is in [low, high]
+    probe = min(max(guess, 0), cap)
+    step = 1
+    if probe > 0 and clock.time_of(probe) <= target_s:
+        low = probe
+        while low < high:
+            upper = min(low + step, high)
+            if clock.time_of(upper) > target_s:
+                high = upper - 1
+                break
+            low, step = upper, step * 2
+    elif probe > 0:
+        high = probe - 1
+        while low < high:
+            lower = max(high - step + 1, low + 1)
+            if clock.time_of(lower) <= target_s:
+                low = lower
+                break
+            high, step = lower - 1, step * 2
     while low < high:
         middle = (low + high + 1) // 2
         if clock.time_of(middle) <= target_s:
