@@ -19,7 +19,7 @@ from typing import Any
 from planner.documents import Plan, Scenario
 from planner.errors import Infeasible
 from planner.estimate import Evaluation, evaluate
-from planner.search.allocate import allocate, pareto, prune
+from planner.search.allocate import Allocation, allocate, pareto, prune
 from planner.search.baselines import baseline_candidates
 from planner.search.diagnose import infeasibility_reason, no_plan_reason
 from planner.search.drafts import Candidate, Draft, best_realized, draft
@@ -139,6 +139,16 @@ def _allocation_candidates(
 ) -> tuple[list[Candidate], bool]:
     drafts: list[Draft | None] = []
     seen: set[tuple[tuple[int, int], ...]] = set()
+
+    def add_drafts(found: Allocation, subset: list[PipelineTemplate], cap: int | None) -> None:
+        for counts in found.visited:
+            key = tuple(sorted((id(subset[k]), n) for k, n in counts.items()))
+            if key in seen:  # caps and subsets often lead to the same allocation
+                continue
+            seen.add(key)
+            pipelines = [subset[k] for k, n in sorted(counts.items()) for _ in range(n)]
+            drafts.append(draft(tables, pipelines, f"CP-SAT allocation, cap {cap}"))
+
     if not templates:
         return [], False
     budget = max(options.time_limit_s * 0.5, 0.05)
@@ -146,6 +156,7 @@ def _allocation_candidates(
                     num_workers=options.num_workers)
     if free is None:
         return [], False
+    add_drafts(free, templates, None)
     proven = free.proven
     num_free = sum(free.counts.values())
     # Caps on the pipeline count trade data parallelism for shorter sync rings; caps far
@@ -164,20 +175,15 @@ def _allocation_candidates(
         if time.monotonic() - started > budget:
             proven = False
             break
-        allowed = _sync_filtered(templates, cap_value or num_free)
-        for subset in allowed:
+        for subset in _sync_filtered(templates, cap_value or num_free):
+            if cap_value is None and len(subset) == len(templates):
+                continue  # the free allocation above
             found = allocate(tables, subset, max_pipelines=cap_value,
                              time_limit_s=budget / (4 * len(caps)), num_workers=options.num_workers)
             if found is None:
                 continue
             proven = proven and found.proven
-            for counts in found.visited:
-                key = tuple(sorted((id(subset[k]), n) for k, n in counts.items()))
-                if key in seen:  # caps and subsets often lead to the same allocation
-                    continue
-                seen.add(key)
-                pipelines = [subset[k] for k, n in sorted(counts.items()) for _ in range(n)]
-                drafts.append(draft(tables, pipelines, f"CP-SAT allocation, cap {cap_value}"))
+            add_drafts(found, subset, cap_value)
     return best_realized(tables, drafts, 2 * options.finalists), proven
 
 

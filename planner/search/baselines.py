@@ -27,10 +27,7 @@ KEEP = 6  # drafts of each baseline handed to the full estimator
 def even_bounds(num_layers: int, num_stages: int) -> list[int]:
     """Layers split as evenly as possible, earlier stages taking the extra ones."""
     base, extra = divmod(num_layers, num_stages)
-    bounds = [0]
-    for s in range(num_stages):
-        bounds.append(bounds[-1] + base + (1 if s < extra else 0))
-    return bounds
+    return [s * base + min(s, extra) for s in range(num_stages + 1)]
 
 
 def baseline_candidates(
@@ -67,13 +64,13 @@ def _homogeneous(ctx: TemplateContext) -> Iterator[Draft | None]:
         for b, tp in _shapes(tables):
             if (gpu_type, b, tp) not in tables.points or tp > cls.largest_node:
                 continue
+            shape = StageShape(resource=cls.key, tp=tp)
             for depth in range(1, min(tables.num_layers, cls.slots(tp)) + 1):
-                shapes = [StageShape(resource=cls.key, tp=tp)] * depth
                 most = cls.slots(tp) // depth
                 # Under ZeRO the state shrinks with the number of pipelines: check at the most.
-                template = ctx.fixed(shapes, b, even_bounds(tables.num_layers, depth),
-                                     same_node_links=depth * tp <= cls.largest_node,
-                                     num_pipelines=max(most, 1))
+                template = ctx.fixed_run(shape, b, even_bounds(tables.num_layers, depth),
+                                         same_node_links=depth * tp <= cls.largest_node,
+                                         num_pipelines=max(most, 1))
                 if template is None:
                     continue
                 yield from _identical(tables, template, range(most, 0, -1),

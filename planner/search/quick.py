@@ -34,10 +34,9 @@ def estimate_sync_s(
     by_name = {node.name: node for c in tables.classes for node in c.nodes}
     used: dict[str, int] = {}
     for pipeline in gpus:
-        for stage in pipeline:
-            for gpu in stage:
-                name = gpu.rpartition(":")[0]
-                used[name] = used.get(name, 0) + 1
+        for stage in pipeline:  # a stage's GPUs share one node
+            name = stage[0].rpartition(":")[0]
+            used[name] = used.get(name, 0) + len(stage)
     share = {name: min(1.0, by_name[name].num_nics / count) for name, count in used.items()}
     num_layers = tables.num_layers
     holder_nodes: list[set[str]] = [set() for _ in range(num_layers)]
@@ -54,8 +53,12 @@ def estimate_sync_s(
                 holder_nodes[layer].add(node)
     bandwidth = np.empty(num_layers)
     latency = np.empty(num_layers)
+    previous: set[str] | None = None
     for layer, names in enumerate(holder_nodes):
-        bandwidth[layer], latency[layer] = _ring(scenario, [by_name[x] for x in names], share)
+        if names != previous:  # consecutive layers mostly share their holders
+            ring = _ring(scenario, [by_name[x] for x in names], share)
+            previous = names
+        bandwidth[layer], latency[layer] = ring
     return _worst_stage(tables, templates, n, bandwidth, latency)
 
 

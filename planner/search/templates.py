@@ -112,10 +112,18 @@ class PipelineTemplate:
         Cached: the allocation asks for it at every knapsack."""
         cache = self._usage_cache
         if rows not in cache:
+            shapes = self._stage_counts
             cache[rows] = {(key, level): used for key, level in rows
-                           if (used := sum(s.tp for s in self.stages
-                                           if s.resource == key and s.tp >= level)) > 0}
+                           if (used := sum(shape.tp * count for shape, count in shapes.items()
+                                           if shape.resource == key and shape.tp >= level)) > 0}
         return cache[rows]
+
+    @functools.cached_property
+    def _stage_counts(self) -> dict[StageShape, int]:
+        counts: dict[StageShape, int] = {}
+        for stage in self.stages:
+            counts[stage] = counts.get(stage, 0) + 1
+        return counts
 
     @functools.cached_property
     def _usage_cache(self) -> dict[tuple[tuple[ClassKey, int], ...], dict[tuple[ClassKey, int], int]]:
@@ -183,24 +191,41 @@ class TemplateContext:
         tables = self.tables
         if any((s.gpu_type, b, s.tp) not in tables.points for s in stages):
             return None
-        depth = len(stages)
         if all(s == stages[0] for s in stages):
-            shape = stages[0]
-            specs = self.run_specs(shape, b, depth, self.link(shape.resource, shape.resource,
-                                                              same_node=same_node_links))
-        else:
-            specs = []
-            for k in range(1, depth + 1):
-                shape = stages[depth - k]
-                front = stages[depth - k - 1] if k < depth else shape
-                same = same_node_links and front.resource == shape.resource
-                specs.append(self.stage_spec(shape, b, k, self.link(front.resource, shape.resource,
-                                                                    same_node=same)))
+            return self.fixed_run(stages[0], b, bounds, same_node_links=same_node_links,
+                                  num_pipelines=num_pipelines)
+        depth = len(stages)
+        specs = []
+        for k in range(1, depth + 1):
+            shape = stages[depth - k]
+            front = stages[depth - k - 1] if k < depth else shape
+            same = same_node_links and front.resource == shape.resource
+            specs.append(self.stage_spec(shape, b, k, self.link(front.resource, shape.resource,
+                                                                same_node=same)))
         part = fixed_partition(tables, specs, bounds, blocking=self.blocking,
                                num_pipelines=num_pipelines)
         if part is None:
             return None
         return _template_from_partition(self, specs, part, b, stages)
+
+    def fixed_run(
+        self,
+        shape: StageShape,
+        b: int,
+        bounds: list[int],
+        *,
+        same_node_links: bool = False,
+        num_pipelines: int = 1,
+    ) -> PipelineTemplate | None:
+        """`fixed` for stages all of one (profiled) shape: the baselines ask for thousands."""
+        depth = len(bounds) - 1
+        specs = self.run_specs(shape, b, depth, self.link(shape.resource, shape.resource,
+                                                          same_node=same_node_links))
+        part = fixed_partition(self.tables, specs, bounds, blocking=self.blocking,
+                               num_pipelines=num_pipelines)
+        if part is None:
+            return None
+        return _template_from_partition(self, specs, part, b, [shape] * depth)
 
 
 def generate_templates(
