@@ -84,8 +84,12 @@ def plan(
     report(0.05, "building pipeline templates")
     templates = generate_templates(tables, scenario.job.schedule)
     if scenario.job.zero_stage >= 1:
-        # Sharded state fits deeper into memory once there are several pipelines.
-        templates += generate_templates(tables, scenario.job.schedule, num_pipelines_hint=8)
+        # Sharded state fits deeper into memory once there are several pipelines. Splits
+        # that memory did not bind come out the same: keep those once, valid for any count.
+        known = {t.signature for t in templates}
+        templates += [t for t in generate_templates(tables, scenario.job.schedule,
+                                                    num_pipelines_hint=8)
+                      if t.signature not in known]
     templates = pareto(prune(templates), [c.key for c in tables.classes], num_pipelines=8)
     if options.exact:
         report(0.3, "enumerating every plan (exact mode)")
@@ -195,7 +199,7 @@ def _sync_filtered(
     syncs = sorted({round(x, 6) for x in sync})
     if len(syncs) <= 1:
         return [templates]
-    picks = sorted({syncs[int(q * (len(syncs) - 1))] for q in (0.1, 0.3, 0.6, 1.0)})
+    picks = sorted({syncs[int(q * (len(syncs) - 1))] for q in (0.3, 0.6, 1.0)})
     subsets = []
     for threshold in picks:
         subset = [t for t, x in zip(templates, sync, strict=True) if x <= threshold + 1e-9]

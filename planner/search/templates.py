@@ -70,6 +70,11 @@ class PipelineTemplate:
         return self.partition.bottleneck_s
 
     @property
+    def signature(self) -> tuple[int, tuple[StageShape, ...], tuple[int, ...]]:
+        """Micro-batch size, stages and layer split: templates equal in these are equal."""
+        return (self.micro_batch, self.stages, self.partition.bounds)
+
+    @property
     def num_stages(self) -> int:
         return len(self.stages)
 
