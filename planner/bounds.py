@@ -10,17 +10,22 @@ from planner.documents import Scenario
 __all__ = ["seconds_per_sample_per_gpu", "compute_bound_s"]
 
 
-def seconds_per_sample_per_gpu(scenario: Scenario, gpu_type: str) -> float | None:
+def seconds_per_sample_per_gpu(
+    scenario: Scenario, gpu_type: str, profiles: ProfileIndex | None = None
+) -> float | None:
     """`c_g`: the least GPU-seconds one sample costs on `gpu_type` over complete (b, tp) points."""
-    profiles = ProfileIndex(scenario.profiles)
+    profiles = profiles or ProfileIndex(scenario.profiles)
     layers = scenario.model.layers
     best = None
     for b, tp in profiles.complete_points(gpu_type, set(layers)):
-        ms = 0.0
-        for kind in layers:
+        per_kind = {}
+        for kind in set(layers):
             row = profiles.get(gpu_type, kind, b, tp)
             assert row is not None
-            ms += row.forward_ms + row.backward_ms
+            per_kind[kind] = row.forward_ms + row.backward_ms
+        ms = 0.0
+        for kind in layers:  # summed layer by layer, in order, as the document defines it
+            ms += per_kind[kind]
         cost = tp * ms * 1e-3 / b
         best = cost if best is None else min(best, cost)
     return best
@@ -31,9 +36,10 @@ def compute_bound_s(scenario: Scenario) -> float | None:
     gpus = Counter[str]()
     for node in scenario.cluster.nodes:
         gpus[node.gpu_type] += node.gpus
+    profiles = ProfileIndex(scenario.profiles)
     rate = 0.0
     for gpu_type, count in gpus.items():
-        cost = seconds_per_sample_per_gpu(scenario, gpu_type)
+        cost = seconds_per_sample_per_gpu(scenario, gpu_type, profiles)
         if cost is not None and cost > 0:
             rate += count / cost
     return scenario.job.global_batch_size / rate if rate > 0 else None

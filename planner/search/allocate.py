@@ -92,16 +92,6 @@ def _finish_time(templates: Sequence[PipelineTemplate], counts: dict[int, int], 
     return max((batch - intercept) / slope, longest_fill)
 
 
-def _resource_rows(tables: ScenarioTables) -> dict[tuple[tuple[str, str | None], int], int]:
-    """Capacity of each (class, tp level): GPUs that stages of at least that tp can use."""
-    rows = {}
-    for cls in tables.classes:
-        for level in sorted({1, 2, 4, 8, 16, 32, 64, cls.largest_node}):
-            if level <= cls.largest_node:
-                rows[(cls.key, level)] = cls.slots(level) * level
-    return rows
-
-
 Row = tuple[tuple[str, str | None], int]
 
 
@@ -109,7 +99,7 @@ def _usage_table(
     tables: ScenarioTables, templates: Sequence[PipelineTemplate]
 ) -> dict[int, dict[Row, int]]:
     """Per template, its non-zero GPU usage of each (class, tp level) row."""
-    rows = tuple(_resource_rows(tables))
+    rows = tables.resource_rows
     return {k: t.usage(rows) for k, t in enumerate(templates)}
 
 
@@ -133,7 +123,7 @@ def _greedy(
     max_pipelines: int | None,
 ) -> dict[int, int]:
     """Fill GPUs with the templates of best throughput per GPU: the solver's hint."""
-    rows = _resource_rows(tables)
+    rows = tables.resource_rows
     free = dict(rows)
     order = sorted(range(len(templates)),
                    key=lambda k: -templates[k].micro_batch / templates[k].bottleneck_s
@@ -174,7 +164,7 @@ def _knapsack(
     value = {k: round(covered[k] * SCALE) for k in {*ranked[:MODEL_TEMPLATES], *hint} if k in covered}
     if not value:
         return None, False
-    rows = _resource_rows(tables)
+    rows = tables.resource_rows
     # CP-SAT through OR-Tools' linear-solver wrapper: the same solver, without the half
     # second that loading its own Python layer costs every fresh process.
     solver = pywraplp.Solver.CreateSolver("CP-SAT")

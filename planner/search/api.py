@@ -10,6 +10,7 @@ three baselines are finalists too, so the result is never worse than them.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,6 +33,8 @@ __all__ = ["PlanStatus", "SearchOptions", "PlanResult", "plan"]
 PLANNER_VERSION = "0.1.0"
 REFINED = 3  # best finalists whose batch shares are then set by exact simulation
 BASELINE_FINALISTS = 3  # placed candidates of each baseline judged by the estimator
+QUICK_SLACK = 1.1
+"""Finalists whose quick estimate exceeds the best simulated time by more are not judged."""
 
 ProgressCallback = Callable[[float, str], None]
 """Called with (fraction done in [0, 1], what the search is doing)."""
@@ -214,19 +217,23 @@ def _judge(
     baselines: dict[str, list[Candidate]],
     options: SearchOptions,
 ) -> tuple[Candidate | None, Evaluation | None, dict[str, float | None]]:
-    ranked = sorted(candidates, key=lambda c: c.quick_s)
-    finalists = ranked[: options.finalists]
-    for group in baselines.values():
-        finalists.extend(sorted(group, key=lambda c: c.quick_s)[:BASELINE_FINALISTS])
     judged: dict[int, Evaluation] = {}
     valid: list[tuple[float, Candidate, Evaluation]] = []
-    for candidate in finalists:
-        if id(candidate) in judged:
-            continue
-        evaluation = evaluate(scenario, candidate.plan)
-        judged[id(candidate)] = evaluation
-        if evaluation.valid and evaluation.iteration_s is not None:
-            valid.append((evaluation.iteration_s, candidate, evaluation))
+    groups = [sorted(candidates, key=lambda c: c.quick_s)[: options.finalists]]
+    groups += [sorted(group, key=lambda c: c.quick_s)[:BASELINE_FINALISTS]
+               for group in baselines.values()]
+    for group in groups:
+        best_s = math.inf
+        for candidate in group:
+            # The quick estimate is at most a few percent above the simulated time (it leaves
+            # out pipeline bubbles): a finalist quoted far above the best so far cannot win.
+            if id(candidate) in judged or candidate.quick_s > best_s * QUICK_SLACK:
+                continue
+            evaluation = evaluate(scenario, candidate.plan)
+            judged[id(candidate)] = evaluation
+            if evaluation.valid and evaluation.iteration_s is not None:
+                valid.append((evaluation.iteration_s, candidate, evaluation))
+                best_s = min(best_s, evaluation.iteration_s)
     valid.sort(key=lambda v: v[0])
     for _, candidate, evaluation in valid[:REFINED]:
         balanced = rebalance(scenario, candidate.plan, evaluation)

@@ -79,6 +79,17 @@ class ScenarioTables:
     matrices: dict[tuple[object, ...], np.ndarray] = field(default_factory=dict)
     """Stage cost and fit matrices of the partition DP, shared by every sweep of a search."""
 
+    @functools.cached_property
+    def resource_rows(self) -> dict[tuple[tuple[str, str | None], int], int]:
+        """Capacity of each (class, tp level): GPUs that stages of at least that tp can use
+        (a stage never spans nodes, so wide stages find fewer places than narrow ones)."""
+        rows = {}
+        for cls in self.classes:
+            for level in sorted({1, 2, 4, 8, 16, 32, 64, cls.largest_node}):
+                if level <= cls.largest_node:
+                    rows[(cls.key, level)] = cls.slots(level) * level
+        return rows
+
     def state_bytes(self, start: int, end: int, tp: int, num_pipelines: int) -> float:
         per_param = state_bytes_per_param(self.scenario, num_pipelines).total
         return float(self.params[end] - self.params[start]) / tp * per_param

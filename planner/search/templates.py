@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from planner.costs import zone_link
@@ -112,16 +112,24 @@ class PipelineTemplate:
     def _sync_cache(self) -> dict[int, float]:
         return {}
 
-    def usage(self, rows: tuple[tuple[ClassKey, int], ...]) -> dict[tuple[ClassKey, int], int]:
+    def usage(self, rows: Mapping[tuple[ClassKey, int], int]) -> dict[tuple[ClassKey, int], int]:
         """Non-zero GPUs of each (class, tp level) row used by stages of at least that tp.
-        Cached: the allocation asks for it at every knapsack."""
-        cache = self._usage_cache
-        if rows not in cache:
+        Cached by the rows' identity (one search's): the allocation asks at every knapsack."""
+        memo = self._usage_memo
+        known = memo.get(id(rows))
+        if known is None or known[0] is not rows:
             shapes = self._stage_counts
-            cache[rows] = {(key, level): used for key, level in rows
-                           if (used := sum(shape.tp * count for shape, count in shapes.items()
-                                           if shape.resource == key and shape.tp >= level)) > 0}
-        return cache[rows]
+            usage = {(key, level): used for key, level in rows
+                     if (used := sum(shape.tp * count for shape, count in shapes.items()
+                                     if shape.resource == key and shape.tp >= level)) > 0}
+            known = memo[id(rows)] = (rows, usage)
+        return known[1]
+
+    @functools.cached_property
+    def _usage_memo(
+        self,
+    ) -> dict[int, tuple[Mapping[tuple[ClassKey, int], int], dict[tuple[ClassKey, int], int]]]:
+        return {}
 
     @functools.cached_property
     def _stage_counts(self) -> dict[StageShape, int]:
@@ -129,10 +137,6 @@ class PipelineTemplate:
         for stage in self.stages:
             counts[stage] = counts.get(stage, 0) + 1
         return counts
-
-    @functools.cached_property
-    def _usage_cache(self) -> dict[tuple[tuple[ClassKey, int], ...], dict[tuple[ClassKey, int], int]]:
-        return {}
 
 
 class TemplateContext:
