@@ -19,6 +19,9 @@ from planner.search.templates import PipelineTemplate
 
 __all__ = ["Draft", "Candidate", "draft", "identical_draft", "realize", "best_realized"]
 
+ROUGH_SLACK = 1.25
+"""Drafts whose rough time exceeds the best draft's by more are not placed."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class Draft:
@@ -106,5 +109,8 @@ def best_realized(tables: ScenarioTables, drafts: Iterable[Draft | None], keep: 
     ranked = sorted((d for d in drafts if d is not None), key=lambda d: d.rough_s)
     out: list[Candidate] = []
     for chosen in ranked[:keep]:
+        # Placement can shorten the sync rings a rough estimate assumes, never by this much.
+        if chosen.rough_s > ranked[0].rough_s * ROUGH_SLACK:
+            break
         out.extend(realize(tables, chosen))
     return sorted(out, key=lambda c: c.quick_s)
