@@ -17,17 +17,11 @@ from collections.abc import Iterable, Iterator
 
 from planner.search.drafts import Candidate, Draft, best_realized, draft, identical_draft
 from planner.search.tables import ResourceClass, ScenarioTables
-from planner.search.templates import PipelineTemplate, StageShape, TemplateContext
+from planner.search.templates import PipelineTemplate, StageShape, TemplateContext, even_bounds
 
-__all__ = ["even_bounds", "baseline_candidates"]
+__all__ = ["baseline_candidates"]
 
 KEEP = 6  # drafts of each baseline handed to the full estimator
-
-
-def even_bounds(num_layers: int, num_stages: int) -> list[int]:
-    """Layers split as evenly as possible, earlier stages taking the extra ones."""
-    base, extra = divmod(num_layers, num_stages)
-    return [s * base + min(s, extra) for s in range(num_stages + 1)]
 
 
 def baseline_candidates(
@@ -68,9 +62,9 @@ def _homogeneous(ctx: TemplateContext) -> Iterator[Draft | None]:
             for depth in range(1, min(tables.num_layers, cls.slots(tp)) + 1):
                 most = cls.slots(tp) // depth
                 # Under ZeRO the state shrinks with the number of pipelines: check at the most.
-                template = ctx.fixed_run(shape, b, even_bounds(tables.num_layers, depth),
-                                         same_node_links=depth * tp <= cls.largest_node,
-                                         num_pipelines=max(most, 1))
+                template = ctx.even_run(shape, b, depth,
+                                        same_node_links=depth * tp <= cls.largest_node,
+                                        num_pipelines=max(most, 1))
                 if template is None:
                     continue
                 yield from _identical(tables, template, range(most, 0, -1),

@@ -27,6 +27,7 @@ from planner.search.tables import ResourceClass, ScenarioTables
 
 __all__ = [
     "StageShape", "PipelineTemplate", "generate_templates", "TemplateLimits", "TemplateContext",
+    "even_bounds",
 ]
 
 ClassKey = tuple[str, str | None]
@@ -217,6 +218,21 @@ class TemplateContext:
             return None
         return _template_from_partition(self, specs, part, b, stages)
 
+    def even_run(
+        self, shape: StageShape, b: int, depth: int, *, same_node_links: bool, num_pipelines: int
+    ) -> PipelineTemplate | None:
+        """`depth` stages of one shape over an even split (what a homogeneous launcher runs).
+        The baselines ask for thousands, most too deep or too shallow to fit: the first
+        stage, which keeps the most micro-batches in flight, is checked before the rest."""
+        link = self.link(shape.resource, shape.resource, same_node=same_node_links)
+        first = self.run_specs(shape, b, depth, link)[-1]
+        base, extra = divmod(self.tables.num_layers, depth)
+        if fixed_partition(self.tables, [first], [0, base + (extra > 0)], blocking=self.blocking,
+                           num_pipelines=num_pipelines) is None:
+            return None
+        return self.fixed_run(shape, b, even_bounds(self.tables.num_layers, depth),
+                              same_node_links=same_node_links, num_pipelines=num_pipelines)
+
     def fixed_run(
         self,
         shape: StageShape,
@@ -226,7 +242,7 @@ class TemplateContext:
         same_node_links: bool = False,
         num_pipelines: int = 1,
     ) -> PipelineTemplate | None:
-        """`fixed` for stages all of one (profiled) shape: the baselines ask for thousands."""
+        """`fixed` for stages all of one (profiled) shape."""
         depth = len(bounds) - 1
         specs = self.run_specs(shape, b, depth, self.link(shape.resource, shape.resource,
                                                           same_node=same_node_links))
@@ -235,6 +251,12 @@ class TemplateContext:
         if part is None:
             return None
         return _template_from_partition(self, specs, part, b, [shape] * depth)
+
+
+def even_bounds(num_layers: int, num_stages: int) -> list[int]:
+    """Layers split as evenly as possible, earlier stages taking the extra ones."""
+    base, extra = divmod(num_layers, num_stages)
+    return [s * base + min(s, extra) for s in range(num_stages + 1)]
 
 
 def generate_templates(

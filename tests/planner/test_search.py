@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from planner import Infeasible, SearchOptions, evaluate, parse_plan, parse_scenario, plan
 from planner.documents import dump_document
-from planner.search.baselines import even_bounds
+from planner.search.templates import even_bounds
 from tests.planner.scenarios import tiny
 
 DATA = Path(__file__).parent.parent / "data"
