@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, slots=True)
 class StageEstimate:
     gpu_type: str
     tp: int
@@ -54,7 +54,7 @@ class StageEstimate:
     fits: bool
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, slots=True)
 class PipelineEstimate:
     index: int
     micro_batch_size: int
@@ -157,6 +157,7 @@ def _structure_errors(
     errors: list[str] = []
     num_layers = len(scenario.model.layers)
     owner: dict[str, str] = {}
+    missing: dict[tuple[str, int, int, int, int], list[str]] = {}
     total = 0
     for i, pipeline in enumerate(plan.pipelines):
         where = f"pipelines[{i}]"
@@ -175,7 +176,11 @@ def _structure_errors(
                               f"layer {expected_start} with a non-empty range inside [0, "
                               f"{num_layers})")
             expected_start = end
-            errors.extend(_profile_errors(here, scenario, stage, b, profiles))
+            # Replicas repeat the same stages: check each distinct one's profiles once.
+            key = (stage.gpu_type, stage.tp, b, start, end)
+            if key not in missing:
+                missing[key] = _missing_profiles(scenario, stage, b, profiles)
+            errors.extend(f"{here}: {problem}" for problem in missing[key])
         if expected_start != num_layers:
             errors.append(f"{where}: stages end at layer {expected_start}, not at {num_layers}; "
                           "they must cover every layer")
@@ -211,13 +216,13 @@ def _stage_gpu_errors(
     return errors
 
 
-def _profile_errors(
-    here: str, scenario: Scenario, stage: Stage, b: int, profiles: ProfileIndex
+def _missing_profiles(
+    scenario: Scenario, stage: Stage, b: int, profiles: ProfileIndex
 ) -> list[str]:
     start, end = stage.layers
     kinds = sorted(set(scenario.model.layers[max(start, 0):max(end, 0)]))
     return [
-        f"{here}: no profile row for ({stage.gpu_type}, {kind}, micro_batch {b}, tp {stage.tp}); "
+        f"no profile row for ({stage.gpu_type}, {kind}, micro_batch {b}, tp {stage.tp}); "
         "profile that point or choose a profiled micro-batch size and tp"
         for kind in kinds if profiles.get(stage.gpu_type, kind, b, stage.tp) is None
     ]

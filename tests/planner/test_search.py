@@ -102,3 +102,50 @@ def test_a_progress_callback_that_raises_cancels_the_search() -> None:
     with pytest.raises(Cancelled):
         plan(scenario, SearchOptions(time_limit_s=4), progress=cancel_after_templates)
     assert seen == sorted(seen) and seen[-1] < 1.0
+
+
+def test_the_garbage_collector_is_paused_during_a_search_and_restored_after() -> None:
+    import gc
+
+    scenario = parse_scenario(tiny())
+    seen: list[bool] = []
+    assert gc.isenabled()
+    plan(scenario, progress=lambda fraction, message: seen.append(gc.isenabled()))
+    assert seen and not any(seen)
+    assert gc.isenabled()
+    gc.disable()  # a caller that runs without the collector keeps it off
+    try:
+        plan(scenario)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_concurrent_searches_resume_the_collector_only_when_the_last_one_ends() -> None:
+    import gc
+    import threading
+
+    scenario = parse_scenario(tiny())
+    both_running = threading.Barrier(2)
+    short_done = threading.Event()
+    seen_by_long: list[bool] = []
+
+    def long_search(fraction: float, message: str) -> None:
+        if fraction == 0.0:
+            both_running.wait(timeout=30)
+        if fraction == 1.0:  # the short search has ended; this one still runs
+            short_done.wait(timeout=30)
+            seen_by_long.append(gc.isenabled())
+
+    def short_search() -> None:
+        plan(scenario, None, lambda fraction, message: fraction == 0.0 and both_running.wait(30))
+        short_done.set()
+
+    threads = [threading.Thread(target=plan, args=(scenario, None, long_search)),
+               threading.Thread(target=short_search)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert seen_by_long == [False]
+    assert gc.isenabled()
