@@ -100,6 +100,12 @@ class SuffixSweep:
         copy.push(StageSpec(point=front.point, in_flight=front.in_flight, link_in=front_link_in))
         return copy
 
+    def extendable(self) -> bool:
+        """Whether a stage pushed in front could still give a pipeline that fits: the
+        stages swept so far must cover some suffix [j, L) with j >= 1 (the new stage needs a
+        layer). Once they cannot, no deeper pipeline of these stages fits either."""
+        return bool(np.isfinite(self.best[-1][1:]).any())
+
     def depth_bottleneck(self, num_stages: int) -> float:
         return float(self.best[num_stages - 1][0])
 

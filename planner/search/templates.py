@@ -294,9 +294,11 @@ def _homogeneous(
             for k in range(1, max_stages + 1):
                 # Consecutive stages share a node while a pipeline fits in one.
                 inner = same_node and k * tp <= cls.largest_node
-                link = ctx.link(cls.key, cls.key, same_node=inner)
-                sweep.push(ctx.stage_spec(shape, b, k, link))
-            yield from _useful_depths(ctx, sweep, range(1, max_stages + 1), b,
+                spec = ctx.stage_spec(shape, b, k, ctx.link(cls.key, cls.key, same_node=inner))
+                sweep.push(spec)
+                if not sweep.extendable():
+                    break
+            yield from _useful_depths(ctx, sweep, range(1, len(sweep.specs) + 1), b,
                                       functools.partial(_segments, shape, None, 0))
 
 
@@ -390,9 +392,12 @@ def _two_segment_family(
             for k in range(1, max_front + 1):
                 inner = (k + 1) * tp_front <= front.largest_node and tp_front * 2 <= front.largest_node
                 link = ctx.link(front.key, front.key, same_node=inner)
-                branch.push(ctx.stage_spec(front_shape, b, num_back + k, link))
+                spec = ctx.stage_spec(front_shape, b, num_back + k, link)
+                branch.push(spec)
+                if not branch.extendable():
+                    break
             yield from _useful_depths(
-                ctx, branch, range(num_back + 1, num_back + max_front + 1), b,
+                ctx, branch, range(num_back + 1, len(branch.specs) + 1), b,
                 functools.partial(_segments, front_shape, back_shape, num_back))
 
 
