@@ -123,11 +123,13 @@ def _plan(
     report(0.05, "building pipeline templates")
     templates = generate_templates(tables, scenario.job.schedule)
     if scenario.job.zero_stage >= 1:
-        # Sharded state fits deeper into memory once there are several pipelines. Splits
-        # that memory did not bind come out the same: keep those once, valid for any count.
+        # Sharded state fits deeper into memory once there are several pipelines: a second
+        # pass sizes homogeneous pipelines for eight (the two-segment ones stay sized for
+        # one, valid at any count; sharded copies of them changed no plan and doubled the
+        # templates). Splits that memory did not bind come out the same: kept once.
         known = {t.signature for t in templates}
         templates += [t for t in generate_templates(tables, scenario.job.schedule,
-                                                    num_pipelines_hint=8)
+                                                    num_pipelines_hint=8, two_segment=False)
                       if t.signature not in known]
     templates = pareto(prune(templates), [c.key for c in tables.classes], num_pipelines=8)
     if options.exact:

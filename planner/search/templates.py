@@ -265,11 +265,15 @@ def generate_templates(
     *,
     num_pipelines_hint: int = 1,
     limits: TemplateLimits | None = None,
+    two_segment: bool = True,
 ) -> list[PipelineTemplate]:
-    """Homogeneous templates of every class, depth and profiled point, then two-segment ones."""
+    """Homogeneous templates of every class, depth and profiled point, then (unless told
+    not to) two-segment ones."""
     limits = limits or TemplateLimits()
     ctx = TemplateContext(tables, schedule)
     homogeneous = list(_homogeneous(ctx, num_pipelines_hint, limits))
+    if not two_segment:
+        return homogeneous
     best_points = _best_points(ctx, homogeneous, limits.max_points_per_class)
     deepest = _deepest_useful(homogeneous)
     mixed = list(_two_segment(ctx, best_points, deepest, num_pipelines_hint, limits))
