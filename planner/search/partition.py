@@ -158,6 +158,8 @@ class SuffixSweep:
             most = np.where(state + acts * (most + 1) <= capacity, most + 1, most)
             most = np.where(state + acts * np.maximum(most, 0) > capacity, most - 1, most)
             most = np.where((state <= capacity) & _upper(size), np.clip(most, -1, MOST), -1)
+            # Compared at every push: 32-bit integers halve the bytes each comparison reads.
+            most = most.astype(np.int32)
             if first_only:
                 most[1:, :] = -1
             most.flags.writeable = False
