@@ -1,8 +1,11 @@
 """Planning time and peak memory against cluster size.
 
 Scales shared scenarios by adding nodes (same types and zones, same shape),
-then times `plan` in a fresh process per size and reads its peak RSS.
-Usage: python bench/plan_time.py [--sizes 64,512,4096,8192] [--time-limit S]
+then times `plan` in fresh processes (the best and the median of --repeats
+runs: this VM's speed drifts by 20-40% from minute to minute) and reads the
+peak RSS. Each process also reports how long `import planner` took, which a
+one-shot CLI run pays on top and a running service pays once.
+Usage: python bench/plan_time.py [--sizes 64,512,4096,8192] [--time-limit S] [--repeats N]
 """
 
 from __future__ import annotations
@@ -59,44 +62,69 @@ def scaled(name: str, total_gpus: int) -> dict:
 
 
 def child(name: str, size: int, time_limit: float) -> None:
+    started = time.perf_counter()
     from planner import SearchOptions, parse_scenario, plan
 
+    import_s = time.perf_counter() - started
     scenario = parse_scenario(scaled(name, size))
     started = time.perf_counter()
     result = plan(scenario, SearchOptions(time_limit_s=time_limit))
     wall = time.perf_counter() - started
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     gpus = sum(n.gpus for n in scenario.cluster.nodes)
-    print(json.dumps({"scenario": name, "gpus": gpus, "wall_s": wall, "peak_mib": peak_mib,
+    print(json.dumps({"scenario": name, "gpus": gpus, "wall_s": wall, "import_s": import_s,
+                      "peak_mib": peak_mib,
                       "samples_per_s": result.evaluation.samples_per_s,
                       "layers": len(scenario.model.layers),
                       "types": len(scenario.gpu_types)}))
+
+
+def speed_index() -> float:
+    """Seconds of a fixed pure-Python loop: how fast this machine runs right now."""
+    started = time.perf_counter()
+    total = 0
+    for i in range(3_000_000):
+        total += i * i
+    return time.perf_counter() - started
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", default="64,512,4096,8192")
     parser.add_argument("--time-limit", type=float, default=10.0)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--bases", default=",".join(BASES))
     parser.add_argument("--child", nargs=2)
     args = parser.parse_args()
     if args.child:
         child(args.child[0], int(args.child[1]), args.time_limit)
         return
     print(f"machine: {platform.machine()}, Python {platform.python_version()}, "
-          f"date {time.strftime('%Y-%m-%d')}, time limit {args.time_limit} s\n")
-    print("| base scenario | types | layers | GPUs | plan wall s | peak RSS MiB | samples/s |")
-    print("|---|---|---|---|---|---|---|")
-    for name in BASES:
+          f"date {time.strftime('%Y-%m-%d')}, time limit {args.time_limit} s, "
+          f"{args.repeats} fresh processes per row, speed index {speed_index():.2f} s\n")
+    print("| base scenario | types | layers | GPUs | plan s (best) | plan s (median) | "
+          "import s | peak RSS MiB | samples/s |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name in args.bases.split(","):
         for size in [int(s) for s in args.sizes.split(",")]:
-            out = subprocess.run([sys.executable, __file__, "--child", name, str(size),
-                                  "--time-limit", str(args.time_limit)],
-                                 capture_output=True, text=True, timeout=1800)
-            if out.returncode != 0:
-                print(f"| {name} | | | {size} | failed: {out.stderr.strip()[-200:]} | | |")
+            runs = []
+            for _ in range(args.repeats):
+                out = subprocess.run([sys.executable, __file__, "--child", name, str(size),
+                                      "--time-limit", str(args.time_limit)],
+                                     capture_output=True, text=True, timeout=1800)
+                if out.returncode != 0:
+                    print(f"| {name} | | | {size} | failed: {out.stderr.strip()[-200:]} | | | | |")
+                    break
+                runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+            if not runs:
                 continue
-            r = json.loads(out.stdout.strip().splitlines()[-1])
-            print(f"| {name} | {r['types']} | {r['layers']} | {r['gpus']} | {r['wall_s']:.2f} | "
-                  f"{r['peak_mib']:.0f} | {r['samples_per_s']:.1f} |", flush=True)
+            walls = sorted(r["wall_s"] for r in runs)
+            r = runs[0]
+            print(f"| {name} | {r['types']} | {r['layers']} | {r['gpus']} | {walls[0]:.2f} | "
+                  f"{walls[len(walls) // 2]:.2f} | {min(x['import_s'] for x in runs):.2f} | "
+                  f"{max(x['peak_mib'] for x in runs):.0f} | {r['samples_per_s']:.1f} |",
+                  flush=True)
+    print(f"\nspeed index after the runs: {speed_index():.2f} s")
 
 
 if __name__ == "__main__":
