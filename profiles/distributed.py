@@ -27,7 +27,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-__all__ = ["DistContext", "spawn", "init_from_env", "backend_for", "device_for"]
+__all__ = ["DistContext", "spawn", "init_from_env", "backend_for", "device_for",
+           "threads_per_process"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,6 +48,19 @@ class DistContext:
 def backend_for(device: str) -> str:
     """NCCL for GPUs, gloo for CPU: the backends torch supports best on each."""
     return "nccl" if device.startswith("cuda") else "gloo"
+
+
+def threads_per_process(world_size: int) -> int:
+    """Intra-op threads for each of `world_size` CPU processes: the usable cores split evenly.
+
+    Usable cores are this process's CPU affinity (a container's cpuset, `taskset`), not
+    `os.cpu_count()`, which counts every core of the host.
+    """
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity call on this platform (macOS, Windows)
+        cores = os.cpu_count() or 1
+    return max(1, cores // world_size)
 
 
 def device_for(device: str, local_rank: int) -> str:
@@ -95,7 +109,7 @@ def _worker(
 ) -> None:
     if not device.startswith("cuda"):
         # N processes on one CPU: split the cores, or they thrash each other.
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+        torch.set_num_threads(threads_per_process(world_size))
     else:
         torch.cuda.set_device(rank)
     dist.init_process_group(

@@ -1,9 +1,24 @@
 """Measure forward/backward time and saved activations of each layer kind.
 
 For every (kind, micro_batch, tp) point: build one layer of that kind, run
-`warmup` untimed forward+backward passes, then `repeats` timed ones, and keep
-the median and interquartile range of each. Time comes from CUDA events on a
-GPU (device time, no host jitter) and from `time.perf_counter_ns` on CPU.
+`warmup` untimed forward+backward passes, then `repeats` timed repeats of
+`passes` back-to-back forward+backward passes each. A repeat's sample is its
+mean pass time; the row keeps the median and interquartile range of those
+samples. Time comes from CUDA events on a GPU (device time, no host jitter)
+and from `time.perf_counter_ns` on CPU.
+
+Why a mean over several passes, and not the median of single passes: the
+estimator adds layer times up, and a training step is a sum of many passes, so
+the quantity a row must estimate is the mean pass time. Where single passes
+are right-skewed, the median of single passes falls short of that mean. TP
+collectives make them so: each all-reduce waits for the peer to be scheduled,
+usually briefly, sometimes for a scheduler time slice. On the 2-vCPU
+development machine a tiny-gpt TP=2 block's forward had a p90 of 2.5x its
+median, and sums of single-pass medians (`passes=1`) predicted real steps
+timed in the same processes 5-23% too fast in 6 of 6 TP=2 cases, while 8-pass
+means came within -6.5% to +8.5% (BENCHMARKS.md section 5). The median over
+repeats still drops a repeat that a rare stall hit; the mean within one keeps
+the frequent short waits a step pays.
 
 `activation_bytes` is what autograd keeps for backward: a saved-tensors hook
 sees every tensor an operation stores, and the distinct storages among them
@@ -12,14 +27,16 @@ COST_MODEL.md section 4 multiplies by the number of micro-batches in flight.
 
 TP points (tp > 1) run in `tp` processes, one per GPU (NCCL) or CPU process
 (gloo), each holding its Megatron shard; a barrier starts every repeat on all
-ranks together, and the slowest rank's median is the row's time, since a TP
-step ends when its last rank does. Points that run out of memory are skipped
+ranks together, as a step starts, and its passes then run back to back as a
+step's micro-batches do; the slowest rank's median is the row's time, since a
+TP step ends when its last rank does. Points that run out of memory are skipped
 and reported, not fatal.
 """
 
 from __future__ import annotations
 
 import platform
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -69,7 +86,10 @@ class ProfileOptions:
     warmup: int = 3
     """Untimed passes first: allocator growth, kernel selection, caches."""
     repeats: int = 10
-    """Timed passes; the median is reported."""
+    """Timed repeats; the median of their samples is reported."""
+    passes: int = 8
+    """Back-to-back forward+backward passes per repeat; a repeat's sample is their mean
+    (see the module docstring for why). 1 times single passes."""
     noise_threshold: float = 0.10
     """A point is flagged noisy when its spread exceeds this fraction of its median."""
     kinds: tuple[str, ...] = (EMBEDDING, BLOCK, HEAD)
@@ -97,9 +117,9 @@ class ProfileOptions:
         if self.cpu_clock == "process" and (self.device != "cpu" or max(self.tp_sizes) > 1):
             raise ValueError("cpu_clock 'process' times CPU work only: use it with device cpu "
                              "and tp 1, or use 'wall'")
-        if self.repeats < 1 or self.warmup < 0:
-            raise ValueError(f"repeats={self.repeats}, warmup={self.warmup}: need repeats >= 1, "
-                             "warmup >= 0")
+        if self.repeats < 1 or self.warmup < 0 or self.passes < 1:
+            raise ValueError(f"repeats={self.repeats}, warmup={self.warmup}, passes={self.passes}: "
+                             "need repeats >= 1, warmup >= 0, passes >= 1")
 
     @property
     def dtype_name(self) -> str:
@@ -257,20 +277,27 @@ def _measure(
     del output
     timer = _CudaTimer() if device.startswith("cuda") else _CpuTimer(
         time.process_time_ns if options.cpu_clock == "process" else time.perf_counter_ns)
+
+    def run() -> torch.Tensor:
+        return layer(*inputs)
+
+    for _ in range(options.warmup):
+        timer.time_step(run, grad_out)
     forward_ms, backward_ms = [], []
-    for step in range(options.warmup + options.repeats):
+    for _ in range(options.repeats):
         if ctx is not None and ctx.world_size > 1:
-            dist.barrier()  # all ranks start together, so nobody's time includes waiting
-        fwd, bwd = timer.time_step(lambda: layer(*inputs), grad_out)
-        if step >= options.warmup:
-            forward_ms.append(fwd)
-            backward_ms.append(bwd)
+            dist.barrier()  # all ranks start the repeat together, as they start a step
+        # Back to back, as a step's micro-batches run: the mean keeps every wait they pay.
+        passes = [timer.time_step(run, grad_out) for _ in range(options.passes)]
+        forward_ms.append(statistics.fmean(fwd for fwd, _ in passes))
+        backward_ms.append(statistics.fmean(bwd for _, bwd in passes))
     if device.startswith("cuda"):
         extra: tuple[tuple[str, Any], ...] = (
-            ("x_allocator_peak_bytes", torch.cuda.max_memory_allocated(device)),)
+            ("x_passes", options.passes),
+            ("x_allocator_peak_bytes", torch.cuda.max_memory_allocated(device)))
     else:
         # Threads of the process that measured this point (TP ranks split the cores).
-        extra = (("x_cpu_threads", torch.get_num_threads()),)
+        extra = (("x_passes", options.passes), ("x_cpu_threads", torch.get_num_threads()))
     return LayerPoint(
         kind=kind, micro_batch=micro_batch, tp=tp,
         forward=summarize(forward_ms), backward=summarize(backward_ms),

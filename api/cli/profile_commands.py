@@ -109,6 +109,9 @@ def layers_command(
                                               "bfloat16 on GPU, float32 on CPU).")] = None,
     warmup: Annotated[int, typer.Option(min=0)] = 3,
     repeats: Annotated[int, typer.Option(min=1)] = 10,
+    passes: Annotated[int, typer.Option(min=1, help="Back-to-back passes per repeat; a "
+                                        "repeat's time is their mean, as a step sums them."
+                                        )] = 8,
     noise_threshold: Annotated[float, typer.Option(help="Flag points whose interquartile "
                                                    "range exceeds this share of the median.")] = 0.1,
     cpu_threads: Annotated[int | None, typer.Option(min=1, help="CPU threads per process "
@@ -139,7 +142,7 @@ def layers_command(
             kinds=kind_list,
             micro_batches=parse_int_list(micro_batches, what="--micro-batches"),
             tp_sizes=parse_int_list(tp, what="--tp"), device=device, dtype=dtype,
-            warmup=warmup, repeats=repeats, noise_threshold=noise_threshold,
+            warmup=warmup, repeats=repeats, passes=passes, noise_threshold=noise_threshold,
             cpu_threads=cpu_threads, cpu_clock=cpu_clock)
     except (KeyError, ValueError) as error:
         raise _fail(str(error).strip("'\"")) from None

@@ -127,6 +127,27 @@ def test_out_of_memory_point_is_skipped_with_a_message(monkeypatch: pytest.Monke
     assert "out of memory" in skipped.reason and "8.00 GiB" in skipped.reason
 
 
+def test_a_repeat_times_the_mean_of_its_back_to_back_passes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Skewed passes: a row estimates the mean pass, which a step sums, not a single pass's median."""
+    calls: list[int] = []
+
+    def time_step(self: Any, forward: Any, grad_out: Any) -> tuple[float, float]:
+        calls.append(1)
+        # Every 4th pass waits, as an all-reduce does when its peer was descheduled.
+        return (5.0, 10.0) if len(calls) % 4 == 0 else (1.0, 2.0)
+
+    monkeypatch.setattr(layer_profiler._CpuTimer, "time_step", time_step)
+    options = ProfileOptions(micro_batches=(1,), kinds=("block",), warmup=2, repeats=5, passes=4)
+    (row,) = profile_layers(PRESETS["tiny-gpt"], options).rows("cpu")
+    assert len(calls) == 2 + 5 * 4
+    # Each repeat of 4 holds one slow pass; the median of single passes would say 1.0 / 2.0.
+    assert (row["forward_ms"], row["backward_ms"]) == (2.0, 4.0)
+    assert (row["x_repeats"], row["x_passes"]) == (5, 4)
+    assert row["x_forward_spread_ms"] == 0.0
+
+
 def test_other_runtime_errors_are_not_swallowed(monkeypatch: pytest.MonkeyPatch) -> None:
     def measure(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("shape mismatch")
@@ -141,6 +162,8 @@ def test_options_reject_bad_values() -> None:
         ProfileOptions(micro_batches=(0,))
     with pytest.raises(ValueError, match="device"):
         ProfileOptions(micro_batches=(1,), device="tpu")
+    with pytest.raises(ValueError, match="passes"):
+        ProfileOptions(micro_batches=(1,), passes=0)
 
 
 def test_build_layer_cast_to_bfloat16_runs() -> None:
