@@ -16,6 +16,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -60,6 +61,9 @@ class SearchOptions:
     `optimal`); refused with an error naming the limit when the scenario is too large."""
     finalists: int = 8
     """Candidate plans judged by the full estimator (event simulation and sync rings)."""
+    parallel_allocations: int = 2
+    """Allocation runs (pipeline caps, sync subsets) solved at once in threads; CP-SAT
+    releases the GIL while it solves. The plan is the same for any value."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -213,22 +217,36 @@ def _allocation_candidates(
     while cap < num_free:
         caps.append(cap)
         cap *= 2
-    for done, cap_value in enumerate(caps):
-        # A progress callback may raise to cancel: report often enough for that to be prompt.
-        report(0.3 + 0.4 * done / len(caps), f"allocating with at most {cap_value or num_free} "
-               "pipelines")
+    runs = [(cap_value, subset) for cap_value in caps
+            for subset in _sync_filtered(templates, cap_value or num_free)
+            if cap_value is not None or len(subset) < len(templates)]  # not the free one again
+
+    def solve(cap_value: int | None, subset: list[PipelineTemplate]) -> Allocation | None:
         if time.monotonic() - started > budget:
-            proven = False
-            break
-        for subset in _sync_filtered(templates, cap_value or num_free):
-            if cap_value is None and len(subset) == len(templates):
-                continue  # the free allocation above
-            found = allocate(tables, subset, max_pipelines=cap_value,
-                             time_limit_s=budget / (4 * len(caps)), num_workers=options.num_workers)
-            if found is None:
-                continue
-            proven = proven and found.proven
-            add_drafts(found, subset, cap_value)
+            raise TimeoutError
+        return allocate(tables, subset, max_pipelines=cap_value,
+                        time_limit_s=budget / (4 * len(caps)), num_workers=options.num_workers)
+
+    # Runs are independent and CP-SAT releases the GIL while it solves: solve them side by
+    # side, and take their results in a fixed order, so the plan does not depend on timing.
+    with ThreadPoolExecutor(max_workers=max(1, options.parallel_allocations)) as pool:
+        futures = [pool.submit(solve, cap_value, subset) for cap_value, subset in runs]
+        try:
+            for done, ((cap_value, subset), future) in enumerate(zip(runs, futures, strict=True)):
+                # A progress callback may raise to cancel: report often enough for that.
+                report(0.3 + 0.4 * done / len(runs),
+                       f"allocating with at most {cap_value or num_free} pipelines")
+                try:
+                    found = future.result()
+                except TimeoutError:
+                    proven = False
+                    continue
+                if found is not None:
+                    proven = proven and found.proven
+                    add_drafts(found, subset, cap_value)
+        finally:
+            for future in futures:
+                future.cancel()
     return best_realized(tables, drafts, 2 * options.finalists), proven
 
 

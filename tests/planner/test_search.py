@@ -149,3 +149,12 @@ def test_concurrent_searches_resume_the_collector_only_when_the_last_one_ends() 
         thread.join(timeout=60)
     assert seen_by_long == [False]
     assert gc.isenabled()
+
+
+def test_allocations_solved_side_by_side_give_the_same_plan() -> None:
+    name = "l40sx16-a40x8-v32x16-t4x8-gpt2.7b"
+    scenario = parse_scenario(json.loads((DATA / "scenarios" / f"{name}.json").read_text()))
+    one = plan(scenario, SearchOptions(parallel_allocations=1))
+    two = plan(scenario, SearchOptions(parallel_allocations=2))
+    assert one.evaluation.iteration_s == two.evaluation.iteration_s
+    assert [p.model_dump() for p in one.plan.pipelines] == [p.model_dump() for p in two.plan.pipelines]
