@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -67,28 +68,43 @@ class SuffixSweep:
     def push(self, spec: StageSpec) -> None:
         """Add one more stage in front of those already swept."""
         link_out = self.specs[-1].link_in if self.specs else None
-        cost = self._cost_matrix(spec, link_out)
+        costs = self._costs(spec, link_out)
         # The k-th stage from the end starts at some j <= L - k and ends at e <= L - k + 1:
         # each stage behind it needs a layer. Only that corner of the matrices is swept.
         starts = self.tables.num_layers - len(self.specs)
         if starts <= 0:  # more stages than layers: no split
-            self.best.append(np.full(1, INF))
-            self.choice.append(np.zeros(1, dtype=np.intp))
-            self.specs.append(spec)
-            self.costs.append(cost)
-            return
-        corner = (slice(0, starts), slice(0, starts + 1))
-        fits = self._most_in_flight(spec)[corner] >= spec.in_flight
-        if self.specs:
-            total = np.where(fits, np.maximum(cost[corner], self.best[-1]), INF)
+            best, choice = np.full(1, INF), np.zeros(1, dtype=np.intp)
+        elif not self.specs:  # the last stage ends with the model
+            fits = self._fits(spec).by_end[:starts, -1] >= spec.in_flight
+            best = np.where(fits, costs.by_end[:starts, -1], INF)
+            choice = np.full(starts, self.tables.num_layers)
         else:
-            total = np.full((starts, starts + 1), INF)
-            total[:, -1] = np.where(fits[:, -1], cost[:starts, -1], INF)
-        choice = total.argmin(axis=1)
-        self.best.append(total[_rows(starts), choice])
+            best, choice = self._sweep_band(spec, costs, starts)
+        self.best.append(best)
         self.choice.append(choice)
         self.specs.append(spec)
-        self.costs.append(cost)
+        self.costs.append(costs.by_end)
+
+    def _sweep_band(
+        self, spec: StageSpec, costs: _Matrices, starts: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Least max(this stage's time over [j, e), the rest's best from e) for each start j.
+
+        Memory bounds how many layers a stage holds, more tightly the more micro-batches it
+        keeps in flight: only ranges up to the longest that fits are swept, through
+        matrices indexed by (start, length) instead of (start, end)."""
+        fits = self._fits(spec)
+        width = min(fits.longest(spec.in_flight), starts)
+        if width == 0:
+            return np.full(starts, INF), np.arange(1, starts + 1)
+        num_layers = self.tables.num_layers
+        window = (slice(0, starts), slice(0, width))
+        ends = _ends(num_layers)[window]
+        rest = np.concatenate((self.best[-1], np.full(num_layers + 1, INF)))[ends]
+        total = np.where(fits.by_length[window] >= spec.in_flight,
+                         np.maximum(costs.by_length[window], rest), INF)
+        pick = total.argmin(axis=1)
+        return total[_rows(starts), pick], ends[_rows(starts), pick]
 
     def branch(self, front_link_in: LinkCost) -> SuffixSweep:
         """A copy whose front-most stage receives over `front_link_in` instead (where another
@@ -120,31 +136,32 @@ class SuffixSweep:
             stage_s.append(float(self.costs[k - 1][start, bounds[-1]]))
         return Partition(bounds=tuple(bounds), stage_s=tuple(stage_s))
 
-    def _cost_matrix(self, spec: StageSpec, link_out: LinkCost | None) -> np.ndarray:
+    def _costs(self, spec: StageSpec, link_out: LinkCost | None) -> _Matrices:
         """Time of this stage over every layer range [j, e): compute plus, with blocking
         transfers, both neighbour transfers twice. Cached per search: thousands of sweeps
         push the same few stage shapes."""
-        key = ("cost", id(spec.point), spec.link_in, link_out, self.blocking)
+        key = ("cost", id(spec.point), _link_key(spec.link_in), _link_key(link_out), self.blocking)
         cache = self.tables.matrices
-        if key not in cache:
+        found = cast(_Matrices | None, cache.get(key))
+        if found is None:
             tables, point = self.tables, spec.point
             cost = point.compute_s[None, :] - point.compute_s[:, None]
             if self.blocking:
                 x_in = _transfer_row(tables, point.micro_batch, spec.link_in, first_index_free=True)
                 x_out = _transfer_row(tables, point.micro_batch, link_out, first_index_free=False)
                 cost = cost + 2.0 * (x_in[:, None] + x_out[None, :])
-            cost.flags.writeable = False
-            cache[key] = cost
-        return cache[key]
+            found = cache[key] = _Matrices(cost, INF)
+        return found
 
-    def _most_in_flight(self, spec: StageSpec) -> np.ndarray:
+    def _fits(self, spec: StageSpec) -> _Matrices:
         """The most micro-batches in flight with which this stage fits over each layer range
         [j, e): the largest k with state + k * activations <= capacity; -1 where nothing fits
         or the range is empty (a stage that can only be first fits only from layer 0)."""
         first_only = spec.link_in is None
         key = ("most", id(spec.point), first_only, self.num_pipelines)
         cache = self.tables.matrices
-        if key not in cache:
+        found = cast(_Matrices | None, cache.get(key))
+        if found is None:
             tables, point = self.tables, spec.point
             size = tables.num_layers + 1
             state = ((tables.params[None, :] - tables.params[:, None]) / point.tp
@@ -162,9 +179,8 @@ class SuffixSweep:
             most = most.astype(np.int32)
             if first_only:
                 most[1:, :] = -1
-            most.flags.writeable = False
-            cache[key] = most
-        return cache[key]
+            found = cache[key] = _Matrices(most, -1)
+        return found
 
     @property
     def _state_per_param(self) -> float:
@@ -174,9 +190,45 @@ class SuffixSweep:
 MOST = 1 << 30  # in flight: more than any schedule keeps
 
 
+class _Matrices:
+    """One per-range matrix of a stage shape, indexed [start, end] and [start, length - 1]
+    (ranges past the model's end hold `missing`); for fit matrices, the longest range that
+    fits with a given number of micro-batches in flight."""
+
+    def __init__(self, by_end: np.ndarray, missing: float) -> None:
+        num_layers = by_end.shape[0] - 1
+        ends = _ends(num_layers)
+        starts = np.arange(num_layers + 1)[:, None]
+        self.by_end = by_end
+        self.by_length = np.where(ends <= num_layers, by_end[starts, np.minimum(ends, num_layers)],
+                                  missing).astype(by_end.dtype)
+        self._longest: dict[int, int] = {}
+        for matrix in (self.by_end, self.by_length):
+            matrix.flags.writeable = False
+
+    def longest(self, in_flight: int) -> int:
+        """Layers in the longest range that fits (for a fit matrix). A range fits only if
+        every shorter one from the same start does, so counting per row is enough."""
+        if in_flight not in self._longest:
+            self._longest[in_flight] = int((self.by_length >= in_flight).sum(axis=1).max())
+        return self._longest[in_flight]
+
+
+def _link_key(link: LinkCost | None) -> tuple[float, float] | None:
+    return None if link is None else (link.latency_s, link.bytes_per_s)
+
+
 @functools.cache
 def _rows(size: int) -> np.ndarray:
     return np.arange(size)
+
+
+@functools.cache
+def _ends(num_layers: int) -> np.ndarray:
+    """[start, length - 1] -> end of the range: start + length."""
+    ends = np.arange(num_layers + 1)[:, None] + np.arange(1, num_layers + 1)[None, :]
+    ends.flags.writeable = False
+    return ends
 
 
 def fixed_partition(

@@ -76,7 +76,7 @@ class ScenarioTables:
     classes: tuple[ResourceClass, ...]
     capacity_bytes: dict[str, float]
     """Per GPU type: memory minus the reserved part."""
-    matrices: dict[tuple[object, ...], np.ndarray] = field(default_factory=dict)
+    matrices: dict[tuple[object, ...], object] = field(default_factory=dict)
     """Stage cost and fit matrices of the partition DP, shared by every sweep of a search."""
 
     @functools.cached_property
