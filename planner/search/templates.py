@@ -153,6 +153,8 @@ class TemplateContext:
         self._rings: dict[ClassKey, tuple[float, float]] = {}
         self._links: dict[tuple[ClassKey, ClassKey, bool], LinkCost] = {}
         self._runs: dict[tuple[StageShape, int, LinkCost], list[StageSpec]] = {}
+        # Python floats: templates read a few of them each, thousands of times.
+        self.params_at: list[float] = tables.params.tolist()
 
     def link(self, front: ClassKey, back: ClassKey, *, same_node: bool) -> LinkCost:
         key = (front, back, same_node)
@@ -463,10 +465,11 @@ def _template_from_partition(
         return None
     sync_parts = []
     grad_bytes = ctx.scenario.job.grad_bytes
+    params_at, bounds = ctx.params_at, part.bounds
     for s, shape in enumerate(stages):
-        start, end = part.bounds[s], part.bounds[s + 1]
+        start, end = bounds[s], bounds[s + 1]
         bandwidth, latency = ctx.ring(shape.resource)
-        params = float(tables.params[end] - tables.params[start])
+        params = params_at[end] - params_at[start]
         sync_parts.append((params * grad_bytes / shape.tp / bandwidth, latency * (end - start)))
     return PipelineTemplate(
         micro_batch=b, stages=tuple(stages), partition=part, fill_s=fill,
