@@ -28,6 +28,7 @@ from planner.search.allocate import Allocation, allocate, pareto, prune
 from planner.search.baselines import baseline_candidates
 from planner.search.diagnose import infeasibility_reason, no_plan_reason
 from planner.search.drafts import Candidate, Draft, best_realized, draft
+from planner.search.polish import polish_splits
 from planner.search.refine import rebalance
 from planner.search.tables import ScenarioTables, compile_tables
 from planner.search.templates import PipelineTemplate, generate_templates
@@ -304,6 +305,11 @@ def _judge(
     best_eval: Evaluation | None = None
     if valid:
         _, best, best_eval = min(valid, key=lambda v: v[0])
+        polished = None if options.exact else polish_splits(scenario, best.plan, best_eval)
+        if polished is not None:
+            best = Candidate.of(polished[0], quick_s=polished[1].iteration_s or best.quick_s,
+                                origin=f"{best.origin}, split polished by simulation")
+            best_eval = polished[1]
     rates: dict[str, float | None] = {}
     for name, group in baselines.items():
         values = [judged[id(c)].samples_per_s for c in group
