@@ -6,7 +6,8 @@ as much, and among splits of equal bottleneck the simulation can tell a faster
 one (a heavy stage last rather than in the middle, say). Here each boundary
 between two stages is moved by one layer, in every replica of a pipeline
 shape at once, and a move is kept when the reference estimator finds the plan
-faster. Each try is a full evaluation, so only small plans are polished.
+faster. Each try is a full evaluation, so only small plans are polished, and
+only pipeline shapes run with few micro-batches (where the fill counts).
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ from __future__ import annotations
 from planner.documents import Pipeline, Plan, Scenario, Stage
 from planner.estimate import Evaluation, evaluate
 
-__all__ = ["polish_splits", "MAX_PIPELINES"]
+__all__ = ["polish_splits"]
 
-MAX_PIPELINES = 16
-"""Plans with more pipelines are left as they are: many micro-batches per pipeline make the
-bottleneck, which the templates already minimise, the time that counts."""
+MAX_GPUS = 64
+"""Plans on more GPUs are left as they are: each try evaluates the whole plan."""
+FEW_MICRO_BATCHES = 2
+"""Shapes run with more than this many micro-batches per stage are left as they are: the
+bottleneck, which the templates already minimise, is then what counts."""
 MAX_TRIES = 64  # evaluations one polish may spend
 
 
@@ -26,7 +29,8 @@ def polish_splits(
     scenario: Scenario, plan_doc: Plan, evaluation: Evaluation
 ) -> tuple[Plan, Evaluation] | None:
     """A faster plan with some stage boundaries moved by one layer, or None."""
-    if len(plan_doc.pipelines) > MAX_PIPELINES or evaluation.iteration_s is None:
+    num_gpus = sum(len(stage.gpus) for pipeline in plan_doc.pipelines for stage in pipeline.stages)
+    if num_gpus > MAX_GPUS or evaluation.iteration_s is None:
         return None
     best, best_eval = plan_doc, evaluation
     tries = 0
@@ -54,7 +58,10 @@ def _single_moves(plan_doc: Plan) -> list[Plan]:
         shapes.setdefault(key, []).append(p)
     moves = []
     for members in shapes.values():
-        stages = plan_doc.pipelines[members[0]].stages
+        pipeline = plan_doc.pipelines[members[0]]
+        stages = pipeline.stages
+        if pipeline.num_micro_batches > FEW_MICRO_BATCHES * len(stages):
+            continue
         for s in range(len(stages) - 1):
             for step in (-1, 1):
                 boundary = stages[s].layers[1] + step
