@@ -92,29 +92,33 @@ def plan(
 
 _collector_lock = threading.Lock()
 _collector_pauses = 0
-_collector_was_enabled = False
+_collector_thresholds: tuple[int, int, int] = (700, 10, 10)
+SEARCH_GC_THRESHOLDS = (50_000, 20, 20)
+"""Collector thresholds while searches run: collections about seventy times rarer."""
 
 
 @contextlib.contextmanager
 def _collector_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector while searches run. A search creates
-    millions of short-lived, acyclic objects (freed by reference counting anyway), and
-    each full collection walks every live template and plan: at thousands of GPUs that
-    was a quarter of the search. Concurrent searches (the service's worker threads)
-    share one count, so the collector resumes when the last one ends."""
-    global _collector_pauses, _collector_was_enabled
+    """Make Python's cyclic garbage collector run rarely while searches run. A search
+    creates millions of short-lived, acyclic objects (freed by reference counting anyway),
+    and each full collection walks every live template and plan: at thousands of GPUs that
+    was a quarter of the search; with these thresholds it is a few percent. The collector
+    is slowed, not stopped, so a service planning without pause still collects. Concurrent
+    searches (the service's worker threads) share one count: the thresholds come back when
+    the last one ends."""
+    global _collector_pauses, _collector_thresholds
     with _collector_lock:
         if _collector_pauses == 0:
-            _collector_was_enabled = gc.isenabled()
-            gc.disable()
+            _collector_thresholds = gc.get_threshold()
+            gc.set_threshold(*SEARCH_GC_THRESHOLDS)
         _collector_pauses += 1
     try:
         yield
     finally:
         with _collector_lock:
             _collector_pauses -= 1
-            if _collector_pauses == 0 and _collector_was_enabled:
-                gc.enable()
+            if _collector_pauses == 0:
+                gc.set_threshold(*_collector_thresholds)
 
 
 def _plan(
