@@ -4,8 +4,9 @@ The search runs in four steps: compile cost tables; build pipeline templates
 with exact layer splits; choose how many pipelines of each template to run
 (CP-SAT, under caps on the number of pipelines and on sync time, since the
 sync ring grows with data parallelism); then split the batch, place stages on
-concrete GPUs and judge every finalist with the reference estimator. The
-three baselines are finalists too, so the result is never worse than them.
+concrete GPUs and judge every finalist with the reference estimator; small
+plans finally get their layer splits polished by it (`polish.py`). The three
+baselines are finalists too, so the result is never worse than them.
 """
 
 from __future__ import annotations
