@@ -87,19 +87,19 @@ def plan(
     progress: ProgressCallback | None = None,
 ) -> PlanResult:
     """The best plan the search finds for `scenario` within the options' time limit."""
-    with _collector_paused():
+    with _collector_slowed():
         return _plan(scenario, options or SearchOptions(), progress)
 
 
 _collector_lock = threading.Lock()
-_collector_pauses = 0
+_searches_running = 0
 _collector_thresholds: tuple[int, int, int] = (700, 10, 10)
 SEARCH_GC_THRESHOLDS = (50_000, 20, 20)
 """Collector thresholds while searches run: collections about seventy times rarer."""
 
 
 @contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
+def _collector_slowed() -> Iterator[None]:
     """Make Python's cyclic garbage collector run rarely while searches run. A search
     creates millions of short-lived, acyclic objects (freed by reference counting anyway),
     and each full collection walks every live template and plan: at thousands of GPUs that
@@ -107,18 +107,18 @@ def _collector_paused() -> Iterator[None]:
     is slowed, not stopped, so a service planning without pause still collects. Concurrent
     searches (the service's worker threads) share one count: the thresholds come back when
     the last one ends."""
-    global _collector_pauses, _collector_thresholds
+    global _searches_running, _collector_thresholds
     with _collector_lock:
-        if _collector_pauses == 0:
+        if _searches_running == 0:
             _collector_thresholds = gc.get_threshold()
             gc.set_threshold(*SEARCH_GC_THRESHOLDS)
-        _collector_pauses += 1
+        _searches_running += 1
     try:
         yield
     finally:
         with _collector_lock:
-            _collector_pauses -= 1
-            if _collector_pauses == 0:
+            _searches_running -= 1
+            if _searches_running == 0:
                 gc.set_threshold(*_collector_thresholds)
 
 

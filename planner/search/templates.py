@@ -183,13 +183,6 @@ class TemplateContext:
         point = self.tables.points[(shape.gpu_type, b, shape.tp)]
         return StageSpec(point=point, in_flight=in_flight, link_in=link_in)
 
-    def run_specs(self, shape: StageShape, b: int, depth: int, link: LinkCost) -> list[StageSpec]:
-        """Specs of `depth` stages of one shape joined by `link`, counted from the end."""
-        run = self._runs.setdefault((shape, b, link), [])
-        while len(run) < depth:
-            run.append(self.stage_spec(shape, b, len(run) + 1, link))
-        return run[:depth]
-
     def fixed(
         self,
         stages: list[StageShape],
@@ -204,8 +197,8 @@ class TemplateContext:
         if any((s.gpu_type, b, s.tp) not in tables.points for s in stages):
             return None
         if all(s == stages[0] for s in stages):
-            return self.fixed_run(stages[0], b, bounds, same_node_links=same_node_links,
-                                  num_pipelines=num_pipelines)
+            specs = self._run_specs(stages[0], b, len(stages), same_node_links)
+            return self._split(specs, stages, b, bounds, num_pipelines)
         depth = len(stages)
         specs = []
         for k in range(1, depth + 1):
@@ -214,11 +207,7 @@ class TemplateContext:
             same = same_node_links and front.resource == shape.resource
             specs.append(self.stage_spec(shape, b, k, self.link(front.resource, shape.resource,
                                                                 same_node=same)))
-        part = fixed_partition(tables, specs, bounds, blocking=self.blocking,
-                               num_pipelines=num_pipelines)
-        if part is None:
-            return None
-        return _template_from_partition(self, specs, part, b, stages)
+        return self._split(specs, stages, b, bounds, num_pipelines)
 
     def even_run(
         self, shape: StageShape, b: int, depth: int, *, same_node_links: bool, num_pipelines: int
@@ -226,33 +215,33 @@ class TemplateContext:
         """`depth` stages of one shape over an even split (what a homogeneous launcher runs).
         The baselines ask for thousands, most too deep or too shallow to fit: the first
         stage, which keeps the most micro-batches in flight, is checked before the rest."""
-        link = self.link(shape.resource, shape.resource, same_node=same_node_links)
-        first = self.run_specs(shape, b, depth, link)[-1]
+        specs = self._run_specs(shape, b, depth, same_node_links)
         base, extra = divmod(self.tables.num_layers, depth)
-        if fixed_partition(self.tables, [first], [0, base + (extra > 0)], blocking=self.blocking,
-                           num_pipelines=num_pipelines) is None:
+        if fixed_partition(self.tables, specs[-1:], [0, base + (extra > 0)],
+                           blocking=self.blocking, num_pipelines=num_pipelines) is None:
             return None
-        return self.fixed_run(shape, b, even_bounds(self.tables.num_layers, depth),
-                              same_node_links=same_node_links, num_pipelines=num_pipelines)
+        return self._split(specs, [shape] * depth, b, even_bounds(self.tables.num_layers, depth),
+                           num_pipelines)
 
-    def fixed_run(
-        self,
-        shape: StageShape,
-        b: int,
-        bounds: list[int],
-        *,
-        same_node_links: bool = False,
-        num_pipelines: int = 1,
+    def _run_specs(
+        self, shape: StageShape, b: int, depth: int, same_node_links: bool
+    ) -> list[StageSpec]:
+        """Specs of `depth` stages of one shape, counted from the end (memoised per shape)."""
+        link = self.link(shape.resource, shape.resource, same_node=same_node_links)
+        run = self._runs.setdefault((shape, b, link), [])
+        while len(run) < depth:
+            run.append(self.stage_spec(shape, b, len(run) + 1, link))
+        return run[:depth]
+
+    def _split(
+        self, specs: list[StageSpec], stages: list[StageShape], b: int, bounds: list[int],
+        num_pipelines: int,
     ) -> PipelineTemplate | None:
-        """`fixed` for stages all of one (profiled) shape."""
-        depth = len(bounds) - 1
-        specs = self.run_specs(shape, b, depth, self.link(shape.resource, shape.resource,
-                                                          same_node=same_node_links))
         part = fixed_partition(self.tables, specs, bounds, blocking=self.blocking,
                                num_pipelines=num_pipelines)
         if part is None:
             return None
-        return _template_from_partition(self, specs, part, b, [shape] * depth)
+        return _template_from_partition(self, specs, part, b, stages)
 
 
 def even_bounds(num_layers: int, num_stages: int) -> list[int]:
