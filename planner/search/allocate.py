@@ -19,7 +19,7 @@ import numpy as np
 from ortools.linear_solver import pywraplp
 
 from planner.search.tables import ScenarioTables
-from planner.search.templates import PipelineTemplate
+from planner.search.templates import PipelineTemplate, StageShape
 
 __all__ = ["Allocation", "allocate", "prune", "pareto"]
 
@@ -109,10 +109,9 @@ def _usage_table(
 
 def prune(templates: Sequence[PipelineTemplate], keep: int = 3) -> list[PipelineTemplate]:
     """Of templates using exactly the same GPUs, keep the few with the best throughput."""
-    groups: dict[tuple[tuple[tuple[str, str | None], int], ...], list[PipelineTemplate]] = {}
+    groups: dict[frozenset[tuple[StageShape, int]], list[PipelineTemplate]] = {}
     for t in templates:
-        shape = tuple(sorted((s.resource, s.tp) for s in t.stages))
-        groups.setdefault(shape, []).append(t)
+        groups.setdefault(frozenset(t.stage_counts.items()), []).append(t)
     kept = []
     for group in groups.values():
         group.sort(key=lambda t: (t.bottleneck_s / t.micro_batch, t.fill_s / t.micro_batch))
@@ -247,13 +246,17 @@ def _pareto_group(templates: Sequence[PipelineTemplate], classes: Sequence[tuple
         own = np.array(members)
         rivals = np.concatenate([np.array(ks) for other, ks in sets.items()
                                  if all(o or not x for o, x in zip(own_set, other, strict=True))])
+        # Both sides use no class outside the own set: only its columns can differ.
+        columns = np.flatnonzero(own_set)
+        rival_usage = usage[rivals][:, columns]
         for start in range(0, len(own), 256):
             part = own[start:start + 256]
-            no_worse = ((usage[None, rivals, :] <= usage[part, None, :]).all(axis=2)
+            part_usage = usage[part][:, columns]
+            no_worse = ((rival_usage[None, :, :] <= part_usage[:, None, :]).all(axis=2)
                         & (rate[None, rivals] >= rate[part, None])
                         & (fill[None, rivals] <= fill[part, None])
                         & (sync[None, rivals] <= sync[part, None]))
-            better = ((usage[None, rivals, :] < usage[part, None, :]).any(axis=2)
+            better = ((rival_usage[None, :, :] < part_usage[:, None, :]).any(axis=2)
                       | (rate[None, rivals] > rate[part, None]) | (fill[None, rivals] < fill[part, None])
                       | (sync[None, rivals] < sync[part, None]))
             keep[part] = ~(no_worse & better).any(axis=1)

@@ -142,14 +142,18 @@ def _plan(
                                                     num_pipelines_hint=8, two_segment=False)
                       if t.signature not in known]
     templates = pareto(prune(templates), [c.key for c in tables.classes], num_pipelines=8)
-    if options.exact:
-        report(0.3, "enumerating every plan (exact mode)")
-        candidates, proven = _exact_candidates(scenario), True
-    else:
-        report(0.3, f"allocating GPUs over {len(templates)} pipeline templates")
-        candidates, proven = _allocation_candidates(tables, templates, options, started, report)
-    report(0.7, "building baselines")
-    baselines = baseline_candidates(tables, templates)
+    # The baselines need no allocation: built on the side, they take turns with it for the
+    # interpreter and run while CP-SAT solves (which releases it).
+    with ThreadPoolExecutor(max_workers=1) as side:
+        baselines_ready = side.submit(baseline_candidates, tables, templates)
+        if options.exact:
+            report(0.3, "enumerating every plan (exact mode)")
+            candidates, proven = _exact_candidates(scenario), True
+        else:
+            report(0.3, f"allocating GPUs over {len(templates)} pipeline templates")
+            candidates, proven = _allocation_candidates(tables, templates, options, started, report)
+        report(0.7, "building baselines")
+        baselines = baselines_ready.result()
     candidates.extend(c for cs in baselines.values() for c in cs)
     # The allocation is proven only within its own model (templates, caps), never globally.
     status = PlanStatus.FEASIBLE if proven else PlanStatus.HEURISTIC

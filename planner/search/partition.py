@@ -64,36 +64,37 @@ class SuffixSweep:
         self.specs: list[StageSpec] = []
         self.costs: list[np.ndarray] = []
         """Per pushed stage: its time over every layer range, as the DP saw it."""
+        self._front_fits: _Matrices | None = None
 
     def push(self, spec: StageSpec) -> None:
         """Add one more stage in front of those already swept."""
         link_out = self.specs[-1].link_in if self.specs else None
         costs = self._costs(spec, link_out)
+        fits = self._front_fits = self._fits(spec)
         # The k-th stage from the end starts at some j <= L - k and ends at e <= L - k + 1:
         # each stage behind it needs a layer. Only that corner of the matrices is swept.
         starts = self.tables.num_layers - len(self.specs)
         if starts <= 0:  # more stages than layers: no split
             best, choice = np.full(1, INF), np.zeros(1, dtype=np.intp)
         elif not self.specs:  # the last stage ends with the model
-            fits = self._fits(spec).by_end[:starts, -1] >= spec.in_flight
-            best = np.where(fits, costs.by_end[:starts, -1], INF)
+            best = np.where(fits.by_end[:starts, -1] >= spec.in_flight,
+                            costs.by_end[:starts, -1], INF)
             choice = np.full(starts, self.tables.num_layers)
         else:
-            best, choice = self._sweep_band(spec, costs, starts)
+            best, choice = self._sweep_band(spec, costs, fits, starts)
         self.best.append(best)
         self.choice.append(choice)
         self.specs.append(spec)
         self.costs.append(costs.by_end)
 
     def _sweep_band(
-        self, spec: StageSpec, costs: _Matrices, starts: int
+        self, spec: StageSpec, costs: _Matrices, fits: _Matrices, starts: int
     ) -> tuple[np.ndarray, np.ndarray]:
         """Least max(this stage's time over [j, e), the rest's best from e) for each start j.
 
         Memory bounds how many layers a stage holds, more tightly the more micro-batches it
         keeps in flight: only ranges up to the longest that fits are swept, through
         matrices indexed by (start, length) instead of (start, end)."""
-        fits = self._fits(spec)
         width = min(fits.longest(spec.in_flight), starts)
         if width == 0:
             return np.full(starts, INF), np.arange(1, starts + 1)
@@ -121,6 +122,21 @@ class SuffixSweep:
         stages swept so far must cover some suffix [j, L) with j >= 1 (the new stage needs a
         layer). Once they cannot, no deeper pipeline of these stages fits either."""
         return bool(np.isfinite(self.best[-1][1:]).any())
+
+    def can_reach_first_layer(self, more_stages: int) -> bool:
+        """Whether `more_stages` more stages, none holding more layers than the front-most
+        one can (same shape, as many micro-batches in flight or more), could extend the
+        stages swept so far back to layer 0: what any pipeline needs."""
+        best = self.best[-1]
+        if best[0] < INF:
+            return True
+        finite = np.flatnonzero(best < INF)
+        front, fits = self.specs[-1], self._front_fits
+        assert fits is not None
+        # The first stage holds at least layer 0; a range fits only if its shorter ones do.
+        if finite.size == 0 or fits.by_end[0, 1] < front.in_flight:
+            return False
+        return int(finite[0]) <= more_stages * fits.longest(front.in_flight)
 
     def depth_bottleneck(self, num_stages: int) -> float:
         return float(self.best[num_stages - 1][0])

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import functools
 import math
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from planner.costs import zone_link
 from planner.documents import Schedule
@@ -33,8 +35,8 @@ __all__ = [
 ClassKey = tuple[str, str | None]
 
 
-@dataclass(frozen=True, kw_only=True)
-class StageShape:
+class StageShape(NamedTuple):
+    # A tuple: hashed in C, and templates hash and count their stages many times.
     resource: ClassKey
     tp: int
 
@@ -119,7 +121,7 @@ class PipelineTemplate:
         memo = self._usage_memo
         known = memo.get(id(rows))
         if known is None or known[0] is not rows:
-            shapes = self._stage_counts
+            shapes = self.stage_counts
             usage = {(key, level): used for key, level in rows
                      if (used := sum(shape.tp * count for shape, count in shapes.items()
                                      if shape.resource == key and shape.tp >= level)) > 0}
@@ -133,11 +135,9 @@ class PipelineTemplate:
         return {}
 
     @functools.cached_property
-    def _stage_counts(self) -> dict[StageShape, int]:
-        counts: dict[StageShape, int] = {}
-        for stage in self.stages:
-            counts[stage] = counts.get(stage, 0) + 1
-        return counts
+    def stage_counts(self) -> Counter[StageShape]:
+        """Stages of each shape (do not mutate)."""
+        return Counter(self.stages)
 
 
 class TemplateContext:
@@ -284,17 +284,22 @@ def _homogeneous(
         for b, tp in _points(ctx, cls):
             shape = StageShape(resource=cls.key, tp=tp)
             max_stages = min(limits.max_stages, cls.slots(tp), ctx.tables.num_layers)
-            same_node = tp * 2 <= cls.largest_node
             sweep = SuffixSweep(ctx.tables, blocking=ctx.blocking, num_pipelines=num_pipelines)
-            for k in range(1, max_stages + 1):
-                # Consecutive stages share a node while a pipeline fits in one.
-                inner = same_node and k * tp <= cls.largest_node
-                spec = ctx.stage_spec(shape, b, k, ctx.link(cls.key, cls.key, same_node=inner))
-                sweep.push(spec)
-                if not sweep.extendable():
-                    break
-            yield from _useful_depths(ctx, sweep, range(1, len(sweep.specs) + 1), b,
-                                      functools.partial(_segments, shape, None, 0))
+            yield from _useful_depths(ctx, sweep,
+                                      functools.partial(_run_spec, ctx, cls, shape, b, 0),
+                                      max_stages, b, functools.partial(_segments, shape, None, 0))
+
+
+def _run_spec(
+    ctx: TemplateContext, cls: ResourceClass, shape: StageShape, b: int, num_behind: int, k: int
+) -> StageSpec:
+    """The k-th stage from the end of a run of `shape` stages in front of `num_behind`
+    others. Consecutive stages share a node while the run fits in one (with one more
+    stage's room when it feeds another segment)."""
+    inner = (shape.tp * 2 <= cls.largest_node
+             and (k + (num_behind > 0)) * shape.tp <= cls.largest_node)
+    link = ctx.link(cls.key, cls.key, same_node=inner)
+    return ctx.stage_spec(shape, b, num_behind + k, link)
 
 
 def _best_points(
@@ -375,6 +380,8 @@ def _two_segment_family(
         inner = (num_back + 1) * tp_back <= back.largest_node and tp_back * 2 <= back.largest_node
         sweep.push(ctx.stage_spec(back_shape, b, num_back, ctx.link(back.key, back.key,
                                                                      same_node=inner)))
+        if not sweep.extendable():  # no front stage fits before these, nor before more
+            break
         if num_back not in limits.tail_stage_counts:
             continue
         for tp_front in front_tps:
@@ -383,16 +390,9 @@ def _two_segment_family(
                             ctx.tables.num_layers - num_back,
                             deepest.get((front.key, b, tp_front), 1) + 1)
             # The last back stage pushed receives from the front segment over `crossing`.
-            branch = sweep.branch(crossing)
-            for k in range(1, max_front + 1):
-                inner = (k + 1) * tp_front <= front.largest_node and tp_front * 2 <= front.largest_node
-                link = ctx.link(front.key, front.key, same_node=inner)
-                spec = ctx.stage_spec(front_shape, b, num_back + k, link)
-                branch.push(spec)
-                if not branch.extendable():
-                    break
             yield from _useful_depths(
-                ctx, branch, range(num_back + 1, len(branch.specs) + 1), b,
+                ctx, sweep.branch(crossing),
+                functools.partial(_run_spec, ctx, front, front_shape, b, num_back), max_front, b,
                 functools.partial(_segments, front_shape, back_shape, num_back))
 
 
@@ -411,19 +411,26 @@ IMPROVEMENT = 0.98
 def _useful_depths(
     ctx: TemplateContext,
     sweep: SuffixSweep,
-    depths: range,
+    spec: Callable[[int], StageSpec],
+    num_specs: int,
     b: int,
     stages_of: Callable[[int], list[StageShape]],
 ) -> Iterator[PipelineTemplate]:
+    """Push stages `spec(1)`, ..., `spec(num_specs)` (one shape, keeping ever more
+    micro-batches in flight) in front of the sweep, yielding each depth that pays off.
+    Pushing stops early once no deeper pipeline can fit or reach back to the first layer."""
     best = math.inf
-    for depth in depths:
+    for k in range(1, num_specs + 1):
+        sweep.push(spec(k))
+        depth = len(sweep.specs)
         bottleneck = sweep.depth_bottleneck(depth)
-        if not bottleneck < best * IMPROVEMENT:
-            continue
-        template = _template(ctx, sweep, depth, b, stages_of(depth))
-        if template is not None:
-            best = bottleneck
-            yield template
+        if bottleneck < best * IMPROVEMENT:
+            template = _template(ctx, sweep, depth, b, stages_of(depth))
+            if template is not None:
+                best = bottleneck
+                yield template
+        if not sweep.extendable() or not sweep.can_reach_first_layer(num_specs - k):
+            return
 
 
 def _template(

@@ -55,3 +55,24 @@ def test_sweep_equals_brute_force_over_all_splits(times: list[float], depth: int
     else:
         assert found is not None
         assert abs(found.bottleneck_s - best) <= 1e-12 * best
+
+
+@settings(max_examples=40, deadline=None)
+@given(times=st.lists(st.floats(min_value=0.1, max_value=9.0), min_size=3, max_size=9),
+       memory_gib=st.sampled_from([2.0, 2.2, 2.3, 2.6, 3.0]))
+def test_sweep_gives_up_only_where_no_deeper_split_fits(times: list[float],
+                                                        memory_gib: float) -> None:
+    """`can_reach_first_layer` may stop a sweep early: no deeper pipeline may fit then."""
+    tables = compile_tables(parse_scenario(scenario_with(times, memory_gib)))
+    ctx = TemplateContext(tables, Schedule.ONE_F_ONE_B)
+    shape = StageShape(resource=tables.classes[0].key, tp=1)
+    link = LinkCost(latency_s=1e-5, bytes_per_s=1e10)
+    most = len(times)
+    sweep = SuffixSweep(tables, blocking=True, num_pipelines=1)
+    gave_up = None
+    for k in range(1, most + 1):
+        sweep.push(ctx.stage_spec(shape, 1, k, link))
+        if gave_up is None and not sweep.can_reach_first_layer(most - k):
+            gave_up = k
+    if gave_up is not None:
+        assert all(sweep.depth_bottleneck(d) == float("inf") for d in range(gave_up, most + 1))
