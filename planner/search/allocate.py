@@ -49,6 +49,19 @@ def _capacity(t: PipelineTemplate, target_s: float) -> tuple[float, float]:
     return slope, t.micro_batch * (1.0 - t.fill_s / t.bottleneck_s)
 
 
+class _Offer:
+    """The templates of one allocation as arrays: every knapsack step ranks all of them."""
+
+    def __init__(self, templates: Sequence[PipelineTemplate]) -> None:
+        capacity = [_capacity(t, 0.0) for t in templates]
+        self.slope = np.array([c[0] for c in capacity])
+        self.intercept = np.array([c[1] for c in capacity])
+        self.fill = np.array([t.fill_s for t in templates])
+        self.gpus = np.array([t.num_gpus for t in templates])
+        self.micro_batch = np.array([t.micro_batch for t in templates])
+        self.bottleneck = np.array([t.bottleneck_s for t in templates])
+
+
 def allocate(
     tables: ScenarioTables,
     templates: Sequence[PipelineTemplate],
@@ -61,7 +74,8 @@ def allocate(
     batch = tables.scenario.job.global_batch_size
     deadline = time.monotonic() + time_limit_s
     usage = _usage_table(tables, templates)
-    counts = _greedy(tables, templates, usage, max_pipelines)
+    offer = _Offer(templates)
+    counts = _greedy(tables, offer, usage, max_pipelines)
     if not counts:
         return None
     target = _finish_time(templates, counts, batch)
@@ -71,8 +85,8 @@ def allocate(
         remaining = deadline - time.monotonic()
         if remaining <= 0.01:
             break
-        solved, optimal = _knapsack(tables, templates, usage, target, counts, max_pipelines,
-                                    remaining, num_workers)
+        solved, optimal = _knapsack(tables, templates, offer, usage, target, counts,
+                                    max_pipelines, remaining, num_workers)
         proven = proven and optimal
         if not solved:
             break
@@ -121,19 +135,17 @@ def prune(templates: Sequence[PipelineTemplate], keep: int = 3) -> list[Pipeline
 
 def _greedy(
     tables: ScenarioTables,
-    templates: Sequence[PipelineTemplate],
+    offer: _Offer,
     usage: dict[int, dict[tuple[tuple[str, str | None], int], int]],
     max_pipelines: int | None,
 ) -> dict[int, int]:
     """Fill GPUs with the templates of best throughput per GPU: the solver's hint."""
     rows = tables.resource_rows
     free = dict(rows)
-    order = sorted(range(len(templates)),
-                   key=lambda k: -templates[k].micro_batch / templates[k].bottleneck_s
-                   / templates[k].num_gpus)
+    order = np.argsort(-offer.micro_batch / offer.bottleneck / offer.gpus, kind="stable")
     counts: dict[int, int] = {}
     total = 0
-    for k in order:
+    for k in order.tolist():
         need = usage[k]
         while max_pipelines is None or total < max_pipelines:
             if any(need[row] > free[row] for row in need):
@@ -148,6 +160,7 @@ def _greedy(
 def _knapsack(
     tables: ScenarioTables,
     templates: Sequence[PipelineTemplate],
+    offer: _Offer,
     usage: dict[int, dict[tuple[tuple[str, str | None], int], int]],
     target_s: float,
     hint: dict[int, int],
@@ -158,13 +171,12 @@ def _knapsack(
     """Maximise samples covered by time `target_s`; (counts, proven optimal)."""
     # Data: value of one pipeline of each template at the target time; the knapsack keeps the
     # templates of most value per GPU (an optimum uses few distinct ones) and the hint's.
-    covered = {}
-    for k, t in enumerate(templates):
-        slope, intercept = _capacity(t, target_s)
-        if slope * target_s + intercept > 0 and t.fill_s <= target_s:
-            covered[k] = slope * target_s + intercept
-    ranked = sorted(covered, key=lambda k: -covered[k] / templates[k].num_gpus)
-    value = {k: round(covered[k] * SCALE) for k in {*ranked[:MODEL_TEMPLATES], *hint} if k in covered}
+    covered = offer.slope * target_s + offer.intercept
+    useful = (covered > 0) & (offer.fill <= target_s)
+    candidates = np.flatnonzero(useful)
+    ranked = candidates[np.argsort(-covered[candidates] / offer.gpus[candidates], kind="stable")]
+    value = {k: round(float(covered[k]) * SCALE)
+             for k in {*ranked[:MODEL_TEMPLATES].tolist(), *hint} if useful[k]}
     if not value:
         return None, False
     rows = tables.resource_rows

@@ -142,10 +142,10 @@ def _plan(
                                                     num_pipelines_hint=8, two_segment=False)
                       if t.signature not in known]
     templates = pareto(prune(templates), [c.key for c in tables.classes], num_pipelines=8)
-    # The baselines need no allocation: built on the side, they take turns with it for the
-    # interpreter and run while CP-SAT solves (which releases it).
+    # The baselines need no allocation: built and judged on the side, they take turns with
+    # it for the interpreter and run while CP-SAT solves (which releases it).
     with ThreadPoolExecutor(max_workers=1) as side:
-        baselines_ready = side.submit(baseline_candidates, tables, templates)
+        baselines_ready = side.submit(_judged_baselines, scenario, tables, templates)
         if options.exact:
             report(0.3, "enumerating every plan (exact mode)")
             candidates, proven = _exact_candidates(scenario), True
@@ -154,7 +154,7 @@ def _plan(
             candidates, proven = _allocation_candidates(tables, templates, options, started, report)
         report(0.7, "building baselines")
         baselines = baselines_ready.result()
-    candidates.extend(c for cs in baselines.values() for c in cs)
+    candidates.extend(c for group in baselines.values() for c, _ in group)
     # The allocation is proven only within its own model (templates, caps), never globally.
     status = PlanStatus.FEASIBLE if proven else PlanStatus.HEURISTIC
     if options.exact:
@@ -277,29 +277,54 @@ def _sync_filtered(
     return subsets
 
 
+Judged = list[tuple[Candidate, Evaluation | None]]
+"""Candidates, best first by the quick estimate, with the estimator's verdict (None: not
+judged, quoted too far above the best one judged before it)."""
+
+
+def _judge_group(scenario: Scenario, group: list[Candidate], limit: int,
+                 known: dict[int, Evaluation] | None = None) -> Judged:
+    """Judge the `limit` candidates of least quick estimate, in that order."""
+    judged: Judged = []
+    best_s = math.inf
+    for candidate in sorted(group, key=lambda c: c.quick_s)[:limit]:
+        # The quick estimate is at most a few percent above the simulated time (it leaves
+        # out pipeline bubbles): a finalist quoted far above the best so far cannot win.
+        if candidate.quick_s > best_s * QUICK_SLACK:
+            judged.append((candidate, None))
+            continue
+        evaluation = (known or {}).get(id(candidate)) or evaluate(scenario, candidate.plan)
+        judged.append((candidate, evaluation))
+        if evaluation.valid and evaluation.iteration_s is not None:
+            best_s = min(best_s, evaluation.iteration_s)
+    return judged
+
+
+def _judged_baselines(
+    scenario: Scenario, tables: ScenarioTables, templates: list[PipelineTemplate]
+) -> dict[str, Judged]:
+    """Each baseline's placed candidates, its best few judged by the estimator."""
+    return {name: _judge_group(scenario, group, BASELINE_FINALISTS)
+            + [(c, None) for c in sorted(group, key=lambda c: c.quick_s)[BASELINE_FINALISTS:]]
+            for name, group in baseline_candidates(tables, templates).items()}
+
+
 def _judge(
     scenario: Scenario,
     candidates: list[Candidate],
-    baselines: dict[str, list[Candidate]],
+    baselines: dict[str, Judged],
     options: SearchOptions,
 ) -> tuple[Candidate | None, Evaluation | None, dict[str, float | None]]:
-    judged: dict[int, Evaluation] = {}
+    known = {id(c): e for group in baselines.values() for c, e in group if e is not None}
+    finalists = _judge_group(scenario, candidates, options.finalists, known)
     valid: list[tuple[float, Candidate, Evaluation]] = []
-    groups = [sorted(candidates, key=lambda c: c.quick_s)[: options.finalists]]
-    groups += [sorted(group, key=lambda c: c.quick_s)[:BASELINE_FINALISTS]
-               for group in baselines.values()]
-    for group in groups:
-        best_s = math.inf
-        for candidate in group:
-            # The quick estimate is at most a few percent above the simulated time (it leaves
-            # out pipeline bubbles): a finalist quoted far above the best so far cannot win.
-            if id(candidate) in judged or candidate.quick_s > best_s * QUICK_SLACK:
-                continue
-            evaluation = evaluate(scenario, candidate.plan)
-            judged[id(candidate)] = evaluation
-            if evaluation.valid and evaluation.iteration_s is not None:
-                valid.append((evaluation.iteration_s, candidate, evaluation))
-                best_s = min(best_s, evaluation.iteration_s)
+    seen: set[int] = set()
+    for candidate, evaluation in finalists + [j for group in baselines.values() for j in group]:
+        if evaluation is None or id(candidate) in seen:
+            continue
+        seen.add(id(candidate))
+        if evaluation.valid and evaluation.iteration_s is not None:
+            valid.append((evaluation.iteration_s, candidate, evaluation))
     valid.sort(key=lambda v: v[0])
     for _, candidate, evaluation in valid[:REFINED]:
         balanced = rebalance(scenario, candidate.plan, evaluation)
@@ -319,11 +344,13 @@ def _judge(
             best = Candidate.of(polished[0], quick_s=polished[1].iteration_s or best.quick_s,
                                 origin=f"{best.origin}, split polished by simulation")
             best_eval = polished[1]
+    # A baseline's rate counts its candidates judged among the finalists too.
+    known.update((id(c), e) for c, e in finalists if e is not None)
     rates: dict[str, float | None] = {}
     for name, group in baselines.items():
-        values = [judged[id(c)].samples_per_s for c in group
-                  if id(c) in judged and judged[id(c)].valid]
-        rates[name] = max((v for v in values if v is not None), default=None)
+        values = [e.samples_per_s for c, _ in group
+                  if (e := known.get(id(c))) is not None and e.valid and e.samples_per_s is not None]
+        rates[name] = max(values, default=None)
     return best, best_eval, rates
 
 

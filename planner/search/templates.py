@@ -121,10 +121,17 @@ class PipelineTemplate:
         memo = self._usage_memo
         known = memo.get(id(rows))
         if known is None or known[0] is not rows:
-            shapes = self.stage_counts
-            usage = {(key, level): used for key, level in rows
-                     if (used := sum(shape.tp * count for shape, count in shapes.items()
-                                     if shape.resource == key and shape.tp >= level)) > 0}
+            shapes = [(shape.resource, shape.tp, shape.tp * count)
+                      for shape, count in self.stage_counts.items()]
+            usage = {}
+            for row in rows:
+                key, level = row
+                used = 0
+                for resource, tp, gpus in shapes:
+                    if resource == key and tp >= level:
+                        used += gpus
+                if used:
+                    usage[row] = used
             known = memo[id(rows)] = (rows, usage)
         return known[1]
 
