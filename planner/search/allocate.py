@@ -117,8 +117,8 @@ def _usage_table(
     tables: ScenarioTables, templates: Sequence[PipelineTemplate]
 ) -> dict[int, dict[Row, int]]:
     """Per template, its non-zero GPU usage of each (class, tp level) row."""
-    rows = tables.resource_rows
-    return {k: t.usage(rows) for k, t in enumerate(templates)}
+    levels = tables.resource_levels
+    return {k: t.usage(levels) for k, t in enumerate(templates)}
 
 
 def prune(templates: Sequence[PipelineTemplate], keep: int = 3) -> list[PipelineTemplate]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import cast
+from typing import Optional, cast
 
 import numpy as np
 
@@ -158,7 +158,7 @@ class SuffixSweep:
         push the same few stage shapes."""
         key = ("cost", id(spec.point), _link_key(spec.link_in), _link_key(link_out), self.blocking)
         cache = self.tables.matrices
-        found = cast(_Matrices | None, cache.get(key))
+        found = cast(_MaybeMatrices, cache.get(key))
         if found is None:
             tables, point = self.tables, spec.point
             cost = point.compute_s[None, :] - point.compute_s[:, None]
@@ -176,7 +176,7 @@ class SuffixSweep:
         first_only = spec.link_in is None
         key = ("most", id(spec.point), first_only, self.num_pipelines)
         cache = self.tables.matrices
-        found = cast(_Matrices | None, cache.get(key))
+        found = cast(_MaybeMatrices, cache.get(key))
         if found is None:
             tables, point = self.tables, spec.point
             size = tables.num_layers + 1
@@ -203,6 +203,7 @@ class SuffixSweep:
         return state_bytes_per_param(self.tables.scenario, self.num_pipelines).total
 
 
+_MaybeMatrices = Optional["_Matrices"]  # built once: `cast` runs on every push
 MOST = 1 << 30  # in flight: more than any schedule keeps
 
 

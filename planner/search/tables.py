@@ -90,6 +90,14 @@ class ScenarioTables:
                     rows[(cls.key, level)] = cls.slots(level) * level
         return rows
 
+    @functools.cached_property
+    def resource_levels(self) -> dict[tuple[str, str | None], tuple[int, ...]]:
+        """The tp levels of `resource_rows`, per class."""
+        levels: dict[tuple[str, str | None], tuple[int, ...]] = {}
+        for key, level in self.resource_rows:
+            levels[key] = (*levels.get(key, ()), level)
+        return levels
+
     def state_bytes(self, start: int, end: int, tp: int, num_pipelines: int) -> float:
         per_param = state_bytes_per_param(self.scenario, num_pipelines).total
         return float(self.params[end] - self.params[start]) / tp * per_param

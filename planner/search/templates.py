@@ -12,8 +12,8 @@ from __future__ import annotations
 import functools
 import math
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from planner.costs import zone_link
@@ -66,11 +66,26 @@ class PipelineTemplate:
     """GPipe keeps every micro-batch in flight: the most that fit. None: no limit."""
     sync_parts: tuple[tuple[float, float], ...]
     """Per stage: (seconds of gradient bytes over the ring, seconds of latency per ring step)."""
+    # Derived once, when built: the search asks these of thousands of templates, many times.
+    bottleneck_s: float = field(init=False)
+    num_gpus: int = field(init=False)
+    stage_counts: Counter[StageShape] = field(init=False, repr=False)
+    """Stages of each shape (do not mutate)."""
+    _gpus: dict[ClassKey, int] = field(init=False, repr=False)
+    _sync_cache: dict[int, float] = field(init=False, repr=False, default_factory=dict)
+    _usage: tuple[Mapping[ClassKey, Sequence[int]], dict[tuple[ClassKey, int], int]] | None = (
+        field(init=False, repr=False, default=None))
 
-    # Cached: the allocation asks these of thousands of templates, many times.
-    @functools.cached_property
-    def bottleneck_s(self) -> float:
-        return self.partition.bottleneck_s
+    def __post_init__(self) -> None:
+        counts = Counter(self.stages)
+        gpus: dict[ClassKey, int] = {}
+        for shape, count in counts.items():
+            gpus[shape.resource] = gpus.get(shape.resource, 0) + shape.tp * count
+        derive = functools.partial(object.__setattr__, self)  # frozen: set once, here
+        derive("bottleneck_s", self.partition.bottleneck_s)
+        derive("num_gpus", sum(gpus.values()))
+        derive("stage_counts", counts)
+        derive("_gpus", gpus)
 
     @property
     def signature(self) -> tuple[int, tuple[StageShape, ...], tuple[int, ...]]:
@@ -85,17 +100,6 @@ class PipelineTemplate:
         """GPUs used per class (do not mutate)."""
         return self._gpus
 
-    @functools.cached_property
-    def _gpus(self) -> dict[ClassKey, int]:
-        used: dict[ClassKey, int] = {}
-        for stage in self.stages:
-            used[stage.resource] = used.get(stage.resource, 0) + stage.tp
-        return used
-
-    @functools.cached_property
-    def num_gpus(self) -> int:
-        return sum(stage.tp for stage in self.stages)
-
     def time_s(self, num_micro_batches: int) -> float:
         """1F1B/GPipe time of one pipeline: fill, then one bottleneck per further micro-batch."""
         return self.fill_s + (num_micro_batches - 1) * self.bottleneck_s
@@ -107,44 +111,27 @@ class PipelineTemplate:
             return 0.0
         cache = self._sync_cache
         if n not in cache:
-            cache[n] = max(2 * (n - 1) / n * data + 2 * (n - 1) * lat
-                           for data, lat in self.sync_parts)
+            cache[n] = max([2 * (n - 1) / n * data + 2 * (n - 1) * lat
+                            for data, lat in self.sync_parts])
         return cache[n]
 
-    @functools.cached_property
-    def _sync_cache(self) -> dict[int, float]:
-        return {}
-
-    def usage(self, rows: Mapping[tuple[ClassKey, int], int]) -> dict[tuple[ClassKey, int], int]:
-        """Non-zero GPUs of each (class, tp level) row used by stages of at least that tp.
-        Cached by the rows' identity (one search's): the allocation asks at every knapsack."""
-        memo = self._usage_memo
-        known = memo.get(id(rows))
-        if known is None or known[0] is not rows:
-            shapes = [(shape.resource, shape.tp, shape.tp * count)
-                      for shape, count in self.stage_counts.items()]
-            usage = {}
-            for row in rows:
-                key, level = row
-                used = 0
-                for resource, tp, gpus in shapes:
-                    if resource == key and tp >= level:
-                        used += gpus
-                if used:
-                    usage[row] = used
-            known = memo[id(rows)] = (rows, usage)
+    def usage(
+        self, levels: Mapping[ClassKey, Sequence[int]]
+    ) -> dict[tuple[ClassKey, int], int]:
+        """Non-zero GPUs of each (class, tp level) row used by stages of at least that tp,
+        given each class's levels. Cached for the levels of one search (by identity): the
+        allocation asks at every knapsack."""
+        known = self._usage
+        if known is None or known[0] is not levels:
+            usage: dict[tuple[ClassKey, int], int] = {}
+            for shape, count in self.stage_counts.items():
+                for level in levels[shape.resource]:
+                    if level <= shape.tp:
+                        row = (shape.resource, level)
+                        usage[row] = usage.get(row, 0) + shape.tp * count
+            known = (levels, usage)
+            object.__setattr__(self, "_usage", known)
         return known[1]
-
-    @functools.cached_property
-    def _usage_memo(
-        self,
-    ) -> dict[int, tuple[Mapping[tuple[ClassKey, int], int], dict[tuple[ClassKey, int], int]]]:
-        return {}
-
-    @functools.cached_property
-    def stage_counts(self) -> Counter[StageShape]:
-        """Stages of each shape (do not mutate)."""
-        return Counter(self.stages)
 
 
 class TemplateContext:
@@ -466,17 +453,16 @@ def _template_from_partition(
     max_m = _gpipe_limit(ctx, part, stages, b) if ctx.schedule is Schedule.GPIPE else None
     if max_m is not None and max_m < 1:
         return None
-    sync_parts = []
     grad_bytes = ctx.scenario.job.grad_bytes
     params_at, bounds = ctx.params_at, part.bounds
-    for s, shape in enumerate(stages):
-        start, end = bounds[s], bounds[s + 1]
-        bandwidth, latency = ctx.ring(shape.resource)
-        params = params_at[end] - params_at[start]
-        sync_parts.append((params * grad_bytes / shape.tp / bandwidth, latency * (end - start)))
+    rings = {shape: (shape.tp, *ctx.ring(shape.resource)) for shape in dict.fromkeys(stages)}
+    sync_parts = tuple(
+        ((params_at[end] - params_at[start]) * grad_bytes / tp / bandwidth, latency * (end - start))
+        for start, end, (tp, bandwidth, latency)
+        in zip(bounds[:-1], bounds[1:], map(rings.__getitem__, stages), strict=True))
     return PipelineTemplate(
         micro_batch=b, stages=tuple(stages), partition=part, fill_s=fill,
-        max_micro_batches=max_m, sync_parts=tuple(sync_parts))
+        max_micro_batches=max_m, sync_parts=sync_parts)
 
 
 def _gpipe_limit(ctx: TemplateContext, part: Partition, stages: list[StageShape], b: int) -> int:
