@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections import Counter
 
 from planner.costs import ProfileIndex
@@ -31,8 +32,23 @@ def seconds_per_sample_per_gpu(
     return best
 
 
+_known: dict[int, tuple[weakref.ref[Scenario], float | None]] = {}
+
+
 def compute_bound_s(scenario: Scenario) -> float | None:
-    """global_batch / sum_g(N_g / c_g), or None when no GPU type can run the model at all."""
+    """global_batch / sum_g(N_g / c_g), or None when no GPU type can run the model at all.
+    Scenario documents are frozen: each one's bound is computed once (the estimator asks
+    for it at every plan it judges)."""
+    key = id(scenario)
+    known = _known.get(key)
+    if known is not None and known[0]() is scenario:
+        return known[1]
+    bound = _compute_bound_s(scenario)
+    _known[key] = (weakref.ref(scenario, lambda _: _known.pop(key, None)), bound)
+    return bound
+
+
+def _compute_bound_s(scenario: Scenario) -> float | None:
     gpus = Counter[str]()
     for node in scenario.cluster.nodes:
         gpus[node.gpu_type] += node.gpus

@@ -79,11 +79,15 @@ def rough_sync_s(tables: ScenarioTables, templates: Sequence[PipelineTemplate]) 
              for c in tables.classes}
     bandwidth = np.empty(tables.num_layers)
     latency = np.empty(tables.num_layers)
+    rings: dict[frozenset[tuple[str, str | None]], tuple[float, float]] = {}
     for layer, keys in enumerate(holders):
-        nodes = [first[k] for k in keys]
-        if len(nodes) == 1:  # n holders of one class: still a ring between nodes
-            nodes = nodes * 2
-        bandwidth[layer], latency[layer] = _ring(tables.scenario, nodes, share)
+        held_by = frozenset(keys)  # a few distinct sets over all layers
+        if held_by not in rings:
+            nodes = [first[k] for k in keys]
+            if len(nodes) == 1:  # n holders of one class: still a ring between nodes
+                nodes = nodes * 2
+            rings[held_by] = _ring(tables.scenario, nodes, share)
+        bandwidth[layer], latency[layer] = rings[held_by]
     return _worst_stage(tables, distinct, n, bandwidth, latency)
 
 

@@ -153,3 +153,19 @@ def test_plan_that_does_not_fit_in_memory_is_invalid_with_numbers() -> None:
     assert not result.valid
     assert any("GiB" in e and "needs" in e for e in result.errors)
     assert not math.isnan(result.iteration_s or math.nan)
+
+
+def test_compute_bound_belongs_to_its_own_scenario() -> None:
+    """The bound is remembered per scenario document: a new document, even one that takes
+    a collected one's place in memory, gets its own."""
+    from planner.bounds import compute_bound_s
+
+    rates = []
+    for batch in (2, 4, 8):
+        doc = tiny()
+        doc["job"]["global_batch_size"] = batch
+        scenario = parse_scenario(doc)
+        assert compute_bound_s(scenario) == compute_bound_s(scenario)
+        rates.append(compute_bound_s(scenario))
+        del scenario
+    assert rates == pytest.approx([2 / (8 / 9e-3), 4 / (8 / 9e-3), 8 / (8 / 9e-3)])
