@@ -11,6 +11,7 @@ fit beside the reserved memory (section 4).
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Optional, cast
 
@@ -19,7 +20,9 @@ import numpy as np
 from planner.costs import state_bytes_per_param
 from planner.search.tables import PointCosts, ScenarioTables
 
-__all__ = ["StageSpec", "LinkCost", "Partition", "SuffixSweep", "fixed_partition"]
+__all__ = [
+    "StageSpec", "LinkCost", "Partition", "SuffixSweep", "fixed_partition", "sweep_together",
+]
 
 INF = float("inf")
 
@@ -70,7 +73,7 @@ class SuffixSweep:
         """Add one more stage in front of those already swept."""
         link_out = self.specs[-1].link_in if self.specs else None
         costs = self._costs(spec, link_out)
-        fits = self._front_fits = self._fits(spec)
+        fits = self._fits(spec)
         # The k-th stage from the end starts at some j <= L - k and ends at e <= L - k + 1:
         # each stage behind it needs a layer. Only that corner of the matrices is swept.
         starts = self.tables.num_layers - len(self.specs)
@@ -82,10 +85,18 @@ class SuffixSweep:
             choice = np.full(starts, self.tables.num_layers)
         else:
             best, choice = self._sweep_band(spec, costs, fits, starts)
+        self._record(spec, costs, fits, best, choice)
+
+    def _record(self, spec: StageSpec, costs: _Matrices, fits: _Matrices, best: np.ndarray,
+                choice: np.ndarray) -> None:
+        self._front_fits = fits
         self.best.append(best)
         self.choice.append(choice)
         self.specs.append(spec)
         self.costs.append(costs.by_end)
+
+    def _goes_on(self, more_stages: int) -> bool:
+        return more_stages > 0 and self.extendable() and self.can_reach_first_layer(more_stages)
 
     def _sweep_band(
         self, spec: StageSpec, costs: _Matrices, fits: _Matrices, starts: int
@@ -107,13 +118,15 @@ class SuffixSweep:
         pick = total.argmin(axis=1)
         return total[_rows(starts), pick], ends[_rows(starts), pick]
 
-    def branch(self, front_link_in: LinkCost) -> SuffixSweep:
-        """A copy whose front-most stage receives over `front_link_in` instead (where another
-        segment will join the pipeline), ready for more stages in front."""
+    def branch(self, front_link_in: LinkCost, *, keep: int) -> SuffixSweep:
+        """A copy of the last `keep` stages swept whose front-most one receives over
+        `front_link_in` instead (where another segment will join the pipeline), ready for
+        more stages in front."""
         copy = SuffixSweep(self.tables, blocking=self.blocking, num_pipelines=self.num_pipelines)
         copy.best, copy.choice, copy.specs, copy.costs = (
-            self.best[:-1], self.choice[:-1], self.specs[:-1], self.costs[:-1])
-        front = self.specs[-1]
+            self.best[:keep - 1], self.choice[:keep - 1], self.specs[:keep - 1],
+            self.costs[:keep - 1])
+        front = self.specs[keep - 1]
         copy.push(StageSpec(point=front.point, in_flight=front.in_flight, link_in=front_link_in))
         return copy
 
@@ -229,6 +242,88 @@ class _Matrices:
         if in_flight not in self._longest:
             self._longest[in_flight] = int((self.by_length >= in_flight).sum(axis=1).max())
         return self._longest[in_flight]
+
+
+def sweep_together(
+    sweeps: Sequence[SuffixSweep],
+    stages: Sequence[Callable[[int], StageSpec]],
+    most: Sequence[int],
+) -> None:
+    """Push `stages[i](1)`, `stages[i](2)`, ... in front of `sweeps[i]`, at most `most[i]`,
+    each sweep stopping once no deeper pipeline can fit or reach back to layer 0
+    (`extendable`, `can_reach_first_layer`): the same result as pushing them one sweep
+    after the other. The stages pushed k-th must share their point and links for every
+    k > 1 (only the micro-batches they keep in flight and the stages behind them differ):
+    those steps run as one numpy pass over all sweeps still going, since at these sizes a
+    step costs its calls more than its arithmetic."""
+    going = []
+    for i, sweep in enumerate(sweeps):
+        if most[i] < 1:
+            continue
+        sweep.push(stages[i](1))  # the first in front of each: links differ (zones)
+        if sweep._goes_on(most[i] - 1):
+            going.append(i)
+    behind = None
+    k = 2
+    while len(going) > 1:
+        behind, goes_on = _step_together(
+            [sweeps[i] for i in going], [stages[i](k) for i in going],
+            [most[i] - k for i in going], behind)
+        going = [i for i, on in zip(going, goes_on.tolist(), strict=True) if on]
+        behind = behind[goes_on]
+        k += 1
+    for i in going:
+        for alone in range(k, most[i] + 1):
+            sweeps[i].push(stages[i](alone))
+            if not sweeps[i]._goes_on(most[i] - alone):
+                break
+
+
+def _step_together(
+    sweeps: list[SuffixSweep],
+    specs: list[StageSpec],
+    more: list[int],
+    behind: np.ndarray | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """One `push` into each sweep, all swept over the widest band any of them needs: the
+    cells outside a sweep's own band hold infinity (its stage does not fit there, or the
+    stages behind cannot cover the rest), so its minima and choices come out the same.
+    `behind` holds each sweep's last best row, padded with infinity (built when None).
+    Returns the new rows, padded the same way, and whether each sweep goes on."""
+    first, spec = sweeps[0], specs[0]
+    num_layers = first.tables.num_layers
+    link_out = first.specs[-1].link_in
+    assert all(s.point is spec.point and s.link_in is spec.link_in for s in specs)
+    assert all(s.specs[-1].link_in is link_out for s in sweeps)
+    costs, fits = first._costs(spec, link_out), first._fits(spec)
+    size = 2 * num_layers + 2
+    if behind is None:
+        behind = np.full((len(sweeps), size), INF)
+        for row, sweep in zip(behind, sweeps, strict=True):
+            row[:len(sweep.best[-1])] = sweep.best[-1]
+    starts = [num_layers - len(s.specs) for s in sweeps]
+    top = max(starts)
+    in_flight = np.array([s.in_flight for s in specs])
+    longest = np.array([fits.longest(s.in_flight) for s in specs])
+    # Where no range fits at all, a column of infinity gives what `push` gives.
+    width = max(min(int(longest.max()), top), 1)
+    ends = _ends(num_layers)[:top, :width]
+    total = np.where(fits.by_length[:top, :width] >= in_flight[:, None, None],
+                     np.maximum(costs.by_length[:top, :width], behind[:, ends]), INF)
+    pick = total.argmin(axis=2)
+    best = np.take_along_axis(total, pick[:, :, None], axis=2)[:, :, 0]
+    choice = ends[_rows(top), pick]
+    for r, sweep in enumerate(sweeps):
+        sweep._record(specs[r], costs, fits, best[r, :starts[r]], choice[r, :starts[r]])
+    # `_goes_on` of every sweep at once; rows past a sweep's own starts hold infinity.
+    finite = best < INF
+    first_finite = np.where(finite.any(axis=1), finite.argmax(axis=1), size)
+    left = np.array(more)
+    reaches = finite[:, 0] | ((fits.by_end[0, 1] >= in_flight) & (first_finite <= left * longest))
+    goes_on = (left > 0) & finite[:, 1:].any(axis=1) & reaches
+    rows = np.full((len(sweeps), size), INF)
+    rows[:, :top] = best
+    return rows, goes_on
 
 
 def _link_key(link: LinkCost | None) -> tuple[float, float] | None:

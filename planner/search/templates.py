@@ -24,6 +24,7 @@ from planner.search.partition import (
     StageSpec,
     SuffixSweep,
     fixed_partition,
+    sweep_together,
 )
 from planner.search.tables import ResourceClass, ScenarioTables
 
@@ -279,9 +280,9 @@ def _homogeneous(
             shape = StageShape(resource=cls.key, tp=tp)
             max_stages = min(limits.max_stages, cls.slots(tp), ctx.tables.num_layers)
             sweep = SuffixSweep(ctx.tables, blocking=ctx.blocking, num_pipelines=num_pipelines)
-            yield from _useful_depths(ctx, sweep,
-                                      functools.partial(_run_spec, ctx, cls, shape, b, 0),
-                                      max_stages, b, functools.partial(_segments, shape, None, 0))
+            sweep_together([sweep], [functools.partial(_run_spec, ctx, cls, shape, b, 0)],
+                           [max_stages])
+            yield from _useful_depths(ctx, sweep, 1, b, functools.partial(_segments, shape, None, 0))
 
 
 def _run_spec(
@@ -342,6 +343,8 @@ def _two_segment(
     limits: TemplateLimits,
 ) -> Iterator[PipelineTemplate]:
     classes = ctx.tables.classes
+    tails: list[_Tail] = []
+    backs: dict[tuple[ClassKey, int, int], tuple[SuffixSweep, int]] = {}
     for back in classes:
         for front in classes:
             if front.key == back.key:
@@ -351,43 +354,90 @@ def _two_segment(
                 front_tps = [tp for tp in front_tps if (front.gpu_type, b, tp) in ctx.tables.points]
                 if not front_tps:
                     continue
-                yield from _two_segment_family(
-                    ctx, front, back, b, tp_back, front_tps, deepest, num_pipelines, limits)
+                if (back.key, b, tp_back) not in backs:  # the same behind every front
+                    backs[(back.key, b, tp_back)] = _back_segments(
+                        ctx, back, b, tp_back, num_pipelines, limits)
+                sweep, usable = backs[(back.key, b, tp_back)]
+                tails += _tails(ctx, front, back, b, tp_back, front_tps, sweep, usable, deepest,
+                                limits)
+    # Front segments of one shape, behind any tail, push stages of the same costs:
+    # swept side by side.
+    same_front: dict[tuple[ClassKey, int, StageShape], list[_Tail]] = {}
+    for tail in tails:
+        same_front.setdefault((tail.front.key, tail.b, tail.front_shape), []).append(tail)
+    for group in same_front.values():
+        sweep_together(
+            [t.sweep for t in group],
+            [functools.partial(_run_spec, ctx, t.front, t.front_shape, t.b, t.num_back)
+             for t in group],
+            [t.max_front for t in group])
+    for tail in tails:
+        yield from _useful_depths(
+            ctx, tail.sweep, tail.num_back + 1, tail.b,
+            functools.partial(_segments, tail.front_shape, tail.back_shape, tail.num_back))
 
 
-def _two_segment_family(
+@dataclass(frozen=True, kw_only=True)
+class _Tail:
+    """A back segment swept, ready for a front segment of `front_shape` stages."""
+
+    sweep: SuffixSweep
+    front: ResourceClass
+    front_shape: StageShape
+    back_shape: StageShape
+    b: int
+    num_back: int
+    max_front: int
+
+
+def _back_segments(
+    ctx: TemplateContext,
+    back: ResourceClass,
+    b: int,
+    tp_back: int,
+    num_pipelines: int,
+    limits: TemplateLimits,
+) -> tuple[SuffixSweep, int]:
+    """The back stages of two-segment pipelines, swept once for every front class, and how
+    many of them a front stage can still be put before."""
+    back_shape = StageShape(resource=back.key, tp=tp_back)
+    max_back = min(max(limits.tail_stage_counts), back.slots(tp_back), ctx.tables.num_layers - 1)
+    sweep = SuffixSweep(ctx.tables, blocking=ctx.blocking, num_pipelines=num_pipelines)
+    for num_back in range(1, max_back + 1):
+        inner = (num_back + 1) * tp_back <= back.largest_node and tp_back * 2 <= back.largest_node
+        sweep.push(ctx.stage_spec(back_shape, b, num_back, ctx.link(back.key, back.key,
+                                                                     same_node=inner)))
+        if not sweep.extendable():  # no front stage fits before these, nor before more
+            return sweep, num_back - 1
+    return sweep, max_back
+
+
+def _tails(
     ctx: TemplateContext,
     front: ResourceClass,
     back: ResourceClass,
     b: int,
     tp_back: int,
     front_tps: list[int],
+    backs: SuffixSweep,
+    usable: int,
     deepest: dict[tuple[ClassKey, int, int], int],
-    num_pipelines: int,
     limits: TemplateLimits,
-) -> Iterator[PipelineTemplate]:
+) -> list[_Tail]:
     back_shape = StageShape(resource=back.key, tp=tp_back)
-    max_back = min(max(limits.tail_stage_counts), back.slots(tp_back), ctx.tables.num_layers - 1)
-    sweep = SuffixSweep(ctx.tables, blocking=ctx.blocking, num_pipelines=num_pipelines)
     crossing = ctx.link(front.key, back.key, same_node=False)
-    for num_back in range(1, max_back + 1):
-        inner = (num_back + 1) * tp_back <= back.largest_node and tp_back * 2 <= back.largest_node
-        sweep.push(ctx.stage_spec(back_shape, b, num_back, ctx.link(back.key, back.key,
-                                                                     same_node=inner)))
-        if not sweep.extendable():  # no front stage fits before these, nor before more
-            break
-        if num_back not in limits.tail_stage_counts:
-            continue
+    tails = []
+    for num_back in (n for n in limits.tail_stage_counts if n <= usable):
         for tp_front in front_tps:
-            front_shape = StageShape(resource=front.key, tp=tp_front)
             max_front = min(limits.max_stages - num_back, front.slots(tp_front),
                             ctx.tables.num_layers - num_back,
                             deepest.get((front.key, b, tp_front), 1) + 1)
-            # The last back stage pushed receives from the front segment over `crossing`.
-            yield from _useful_depths(
-                ctx, sweep.branch(crossing),
-                functools.partial(_run_spec, ctx, front, front_shape, b, num_back), max_front, b,
-                functools.partial(_segments, front_shape, back_shape, num_back))
+            # The last back stage kept receives from the front segment over `crossing`.
+            tails.append(_Tail(sweep=backs.branch(crossing, keep=num_back), front=front,
+                               front_shape=StageShape(resource=front.key, tp=tp_front),
+                               back_shape=back_shape, b=b, num_back=num_back,
+                               max_front=max_front))
+    return tails
 
 
 def _segments(
@@ -405,26 +455,19 @@ IMPROVEMENT = 0.98
 def _useful_depths(
     ctx: TemplateContext,
     sweep: SuffixSweep,
-    spec: Callable[[int], StageSpec],
-    num_specs: int,
+    first_depth: int,
     b: int,
     stages_of: Callable[[int], list[StageShape]],
 ) -> Iterator[PipelineTemplate]:
-    """Push stages `spec(1)`, ..., `spec(num_specs)` (one shape, keeping ever more
-    micro-batches in flight) in front of the sweep, yielding each depth that pays off.
-    Pushing stops early once no deeper pipeline can fit or reach back to the first layer."""
+    """Templates of the depths swept from `first_depth` on that pay off."""
     best = math.inf
-    for k in range(1, num_specs + 1):
-        sweep.push(spec(k))
-        depth = len(sweep.specs)
+    for depth in range(first_depth, len(sweep.specs) + 1):
         bottleneck = sweep.depth_bottleneck(depth)
         if bottleneck < best * IMPROVEMENT:
             template = _template(ctx, sweep, depth, b, stages_of(depth))
             if template is not None:
                 best = bottleneck
                 yield template
-        if not sweep.extendable() or not sweep.can_reach_first_layer(num_specs - k):
-            return
 
 
 def _template(

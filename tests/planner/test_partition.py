@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner import parse_scenario
 from planner.documents import Schedule
-from planner.search.partition import LinkCost, SuffixSweep, fixed_partition
+from planner.search.partition import (
+    LinkCost,
+    StageSpec,
+    SuffixSweep,
+    fixed_partition,
+    sweep_together,
+)
 from planner.search.tables import compile_tables
 from planner.search.templates import StageShape, TemplateContext
 from tests.planner.scenarios import tiny
@@ -76,3 +84,46 @@ def test_sweep_gives_up_only_where_no_deeper_split_fits(times: list[float],
             gave_up = k
     if gave_up is not None:
         assert all(sweep.depth_bottleneck(d) == float("inf") for d in range(gave_up, most + 1))
+
+
+@settings(max_examples=100, deadline=None)
+@given(times=st.lists(st.floats(min_value=0.1, max_value=9.0), min_size=3, max_size=9),
+       memory_gib=st.sampled_from([3.2, 3.6, 4.0, 4.5, 5.0, 12.0]),
+       tails=st.lists(st.integers(min_value=1, max_value=3), min_size=1, max_size=5),
+       most=st.integers(min_value=1, max_value=8))
+def test_sweeps_side_by_side_equal_sweeps_one_by_one(times: list[float], memory_gib: float,
+                                                     tails: list[int], most: int) -> None:
+    """`sweep_together` pushes front stages into several sweeps behind tails of different
+    lengths; each sweep must end exactly as if swept alone."""
+    doc = scenario_with(times, memory_gib)
+    doc["job"]["global_batch_size"] = 16  # in flight: up to 16 micro-batches
+    for row in doc["profiles"]:  # activations large enough that in-flight counts bind
+        row["activation_bytes"] = 3e8
+    tables = compile_tables(parse_scenario(doc))
+    ctx = TemplateContext(tables, Schedule.ONE_F_ONE_B)
+    shape = StageShape(resource=tables.classes[0].key, tp=1)
+    inner = LinkCost(latency_s=1e-5, bytes_per_s=1e10)
+    crossing = LinkCost(latency_s=2e-5, bytes_per_s=1e9)
+
+    def tail(num_back: int) -> SuffixSweep:
+        sweep = SuffixSweep(tables, blocking=True, num_pipelines=1)
+        for k in range(1, num_back + 1):
+            sweep.push(ctx.stage_spec(shape, 1, k, inner))
+        return sweep.branch(crossing, keep=num_back)
+
+    def front(num_back: int, k: int) -> StageSpec:
+        return ctx.stage_spec(shape, 1, num_back + k, inner)
+
+    together = [tail(n) for n in tails]
+    sweep_together(together, [functools.partial(front, n) for n in tails], [most] * len(tails))
+    for num_back, swept in zip(tails, together, strict=True):
+        alone = tail(num_back)
+        for k in range(1, most + 1):
+            alone.push(front(num_back, k))
+            if not (k < most and alone.extendable() and alone.can_reach_first_layer(most - k)):
+                break
+        assert len(swept.specs) == len(alone.specs)
+        for a, b in zip(swept.best, alone.best, strict=True):
+            assert np.array_equal(a, b)
+        for a, b in zip(swept.choice, alone.choice, strict=True):
+            assert np.array_equal(a, b)
