@@ -10,6 +10,7 @@ fit beside the reserved memory (section 4).
 
 from __future__ import annotations
 
+import bisect
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -226,21 +227,29 @@ class _Matrices:
     fits with a given number of micro-batches in flight."""
 
     def __init__(self, by_end: np.ndarray, missing: float) -> None:
-        num_layers = by_end.shape[0] - 1
-        ends = _ends(num_layers)
-        starts = np.arange(num_layers + 1)[:, None]
-        self.by_end = by_end
-        self.by_length = np.where(ends <= num_layers, by_end[starts, np.minimum(ends, num_layers)],
-                                  missing).astype(by_end.dtype)
+        size = by_end.shape[0]
+        # Both are views of one copy of by_end padded to about twice its width (thousands
+        # are kept per search): by_length[j, l] = by_end[j, j + l + 1] reads each row one
+        # element further along than the last.
+        padded = np.full((size, 2 * size - 1), missing, dtype=by_end.dtype)
+        padded[:, :size] = by_end
+        step = padded.itemsize
+        self.by_end = padded[:, :size]
+        self.by_length = np.lib.stride_tricks.as_strided(
+            padded.ravel()[1:], shape=(size, size - 1), strides=(2 * size * step, step))
         self._longest: dict[int, int] = {}
+        self._most_by_length: list[float] | None = None
         for matrix in (self.by_end, self.by_length):
             matrix.flags.writeable = False
 
     def longest(self, in_flight: int) -> int:
         """Layers in the longest range that fits (for a fit matrix). A range fits only if
-        every shorter one from the same start does, so counting per row is enough."""
+        every shorter one from the same start does: so does the longest of each length that
+        fits best, and the lengths where `in_flight` fits at some start are a prefix."""
         if in_flight not in self._longest:
-            self._longest[in_flight] = int((self.by_length >= in_flight).sum(axis=1).max())
+            if self._most_by_length is None:
+                self._most_by_length = (-self.by_length.max(axis=0)).tolist()  # ascending
+            self._longest[in_flight] = bisect.bisect_right(self._most_by_length, -in_flight)
         return self._longest[in_flight]
 
 
