@@ -14,7 +14,7 @@ import bisect
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Optional, cast
+from typing import NamedTuple, Optional, cast
 
 import numpy as np
 
@@ -28,8 +28,8 @@ __all__ = [
 INF = float("inf")
 
 
-@dataclass(frozen=True, kw_only=True)
-class LinkCost:
+class LinkCost(NamedTuple):
+    # A tuple: hashed in C where it keys the stage matrices and spec runs.
     latency_s: float
     bytes_per_s: float
 
@@ -170,7 +170,7 @@ class SuffixSweep:
         """Time of this stage over every layer range [j, e): compute plus, with blocking
         transfers, both neighbour transfers twice. Cached per search: thousands of sweeps
         push the same few stage shapes."""
-        key = ("cost", id(spec.point), _link_key(spec.link_in), _link_key(link_out), self.blocking)
+        key = ("cost", id(spec.point), spec.link_in, link_out, self.blocking)
         cache = self.tables.matrices
         found = cast(_MaybeMatrices, cache.get(key))
         if found is None:
@@ -333,10 +333,6 @@ def _step_together(
     rows = np.full((len(sweeps), size), INF)
     rows[:, :top] = best
     return rows, goes_on
-
-
-def _link_key(link: LinkCost | None) -> tuple[float, float] | None:
-    return None if link is None else (link.latency_s, link.bytes_per_s)
 
 
 @functools.cache

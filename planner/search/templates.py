@@ -192,17 +192,23 @@ class TemplateContext:
         if any((s.gpu_type, b, s.tp) not in tables.points for s in stages):
             return None
         if all(s == stages[0] for s in stages):
-            specs = self._run_specs(stages[0], b, len(stages), same_node_links)
+            specs = self._run(stages[0], b, len(stages), same_node_links)[:len(stages)]
             return self._split(specs, stages, b, bounds, num_pipelines)
         depth = len(stages)
-        specs = []
-        for k in range(1, depth + 1):
+
+        def spec(k: int) -> StageSpec:
             shape = stages[depth - k]
             front = stages[depth - k - 1] if k < depth else shape
             same = same_node_links and front.resource == shape.resource
-            specs.append(self.stage_spec(shape, b, k, self.link(front.resource, shape.resource,
-                                                                same_node=same)))
-        return self._split(specs, stages, b, bounds, num_pipelines)
+            return self.stage_spec(shape, b, k, self.link(front.resource, shape.resource,
+                                                          same_node=same))
+
+        # The first stage keeps the most micro-batches in flight: checked before the rest.
+        if fixed_partition(self.tables, [spec(depth)], bounds[:2], blocking=self.blocking,
+                           num_pipelines=num_pipelines) is None:
+            return None
+        return self._split([spec(k) for k in range(1, depth + 1)], stages, b, bounds,
+                           num_pipelines)
 
     def even_run(
         self, shape: StageShape, b: int, depth: int, *, same_node_links: bool, num_pipelines: int
@@ -210,23 +216,25 @@ class TemplateContext:
         """`depth` stages of one shape over an even split (what a homogeneous launcher runs).
         The baselines ask for thousands, most too deep or too shallow to fit: the first
         stage, which keeps the most micro-batches in flight, is checked before the rest."""
-        specs = self._run_specs(shape, b, depth, same_node_links)
+        link = self.link(shape.resource, shape.resource, same_node=same_node_links)
         base, extra = divmod(self.tables.num_layers, depth)
-        if fixed_partition(self.tables, specs[-1:], [0, base + (extra > 0)],
-                           blocking=self.blocking, num_pipelines=num_pipelines) is None:
+        if fixed_partition(self.tables, [self.stage_spec(shape, b, depth, link)],
+                           [0, base + (extra > 0)], blocking=self.blocking,
+                           num_pipelines=num_pipelines) is None:
             return None
-        return self._split(specs, [shape] * depth, b, even_bounds(self.tables.num_layers, depth),
-                           num_pipelines)
+        return self._split(self._run(shape, b, depth, same_node_links)[:depth], [shape] * depth,
+                           b, even_bounds(self.tables.num_layers, depth), num_pipelines)
 
-    def _run_specs(
+    def _run(
         self, shape: StageShape, b: int, depth: int, same_node_links: bool
     ) -> list[StageSpec]:
-        """Specs of `depth` stages of one shape, counted from the end (memoised per shape)."""
+        """Specs of at least `depth` stages of one shape, counted from the end (memoised per
+        shape: do not mutate)."""
         link = self.link(shape.resource, shape.resource, same_node=same_node_links)
         run = self._runs.setdefault((shape, b, link), [])
         while len(run) < depth:
             run.append(self.stage_spec(shape, b, len(run) + 1, link))
-        return run[:depth]
+        return run
 
     def _split(
         self, specs: list[StageSpec], stages: list[StageShape], b: int, bounds: list[int],
