@@ -435,7 +435,7 @@ def _tails(
     back_shape = StageShape(resource=back.key, tp=tp_back)
     crossing = ctx.link(front.key, back.key, same_node=False)
     tails = []
-    for num_back in (n for n in limits.tail_stage_counts if n <= usable):
+    for num_back in sorted({n for n in limits.tail_stage_counts if n <= usable}):
         for tp_front in front_tps:
             max_front = min(limits.max_stages - num_back, front.slots(tp_front),
                             ctx.tables.num_layers - num_back,
