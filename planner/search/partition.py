@@ -275,17 +275,33 @@ def sweep_together(
     behind = None
     k = 2
     while len(going) > 1:
-        behind, goes_on = _step_together(
-            [sweeps[i] for i in going], [stages[i](k) for i in going],
-            [most[i] - k for i in going], behind)
-        going = [i for i, on in zip(going, goes_on.tolist(), strict=True) if on]
-        behind = behind[goes_on]
+        specs = [stages[i](k) for i in going]
+        if _shared(specs, [sweeps[i] for i in going]):
+            behind, goes_on = _step_together(
+                [sweeps[i] for i in going], specs, [most[i] - k for i in going], behind)
+            behind = behind[goes_on]
+            going = [i for i, on in zip(going, goes_on.tolist(), strict=True) if on]
+        else:  # not one shape after all: one at a time
+            for i, spec in zip(going, specs, strict=True):
+                sweeps[i].push(spec)
+            going = [i for i in going if sweeps[i]._goes_on(most[i] - k)]
+            behind = None
         k += 1
     for i in going:
         for alone in range(k, most[i] + 1):
             sweeps[i].push(stages[i](alone))
             if not sweeps[i]._goes_on(most[i] - alone):
                 break
+
+
+def _shared(specs: list[StageSpec], sweeps: list[SuffixSweep]) -> bool:
+    """Whether these stages, pushed in front of these sweeps, have one point and the same
+    links in and out (and so the same cost and fit matrices)."""
+    first, link_out = specs[0], sweeps[0].specs[-1].link_in
+    return all(s.point is first.point and s.link_in == first.link_in for s in specs) and all(
+        w.specs[-1].link_in == link_out and w.tables is sweeps[0].tables
+        and w.blocking == sweeps[0].blocking and w.num_pipelines == sweeps[0].num_pipelines
+        for w in sweeps)
 
 
 def _step_together(
@@ -302,8 +318,6 @@ def _step_together(
     first, spec = sweeps[0], specs[0]
     num_layers = first.tables.num_layers
     link_out = first.specs[-1].link_in
-    assert all(s.point is spec.point and s.link_in is spec.link_in for s in specs)
-    assert all(s.specs[-1].link_in is link_out for s in sweeps)
     costs, fits = first._costs(spec, link_out), first._fits(spec)
     size = 2 * num_layers + 2
     if behind is None:

@@ -90,11 +90,13 @@ def test_sweep_gives_up_only_where_no_deeper_split_fits(times: list[float],
 @given(times=st.lists(st.floats(min_value=0.1, max_value=9.0), min_size=3, max_size=9),
        memory_gib=st.sampled_from([3.2, 3.6, 4.0, 4.5, 5.0, 12.0]),
        tails=st.lists(st.integers(min_value=1, max_value=3), min_size=1, max_size=5),
-       most=st.integers(min_value=1, max_value=8))
+       most=st.integers(min_value=1, max_value=8), other_links=st.booleans())
 def test_sweeps_side_by_side_equal_sweeps_one_by_one(times: list[float], memory_gib: float,
-                                                     tails: list[int], most: int) -> None:
+                                                     tails: list[int], most: int,
+                                                     other_links: bool) -> None:
     """`sweep_together` pushes front stages into several sweeps behind tails of different
-    lengths; each sweep must end exactly as if swept alone."""
+    lengths (in front of odd ones, with `other_links`, over another link: those steps
+    cannot be shared); each sweep must end exactly as if swept alone."""
     doc = scenario_with(times, memory_gib)
     doc["job"]["global_batch_size"] = 16  # in flight: up to 16 micro-batches
     for row in doc["profiles"]:  # activations large enough that in-flight counts bind
@@ -112,7 +114,8 @@ def test_sweeps_side_by_side_equal_sweeps_one_by_one(times: list[float], memory_
         return sweep.branch(crossing, keep=num_back)
 
     def front(num_back: int, k: int) -> StageSpec:
-        return ctx.stage_spec(shape, 1, num_back + k, inner)
+        link = crossing if other_links and num_back % 2 else inner
+        return ctx.stage_spec(shape, 1, num_back + k, link)
 
     together = [tail(n) for n in tails]
     sweep_together(together, [functools.partial(front, n) for n in tails], [most] * len(tails))
