@@ -3,8 +3,10 @@ evaluation, export, and the error paths of plan requests."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -109,20 +111,29 @@ def blocking_solver(started: threading.Event, release: threading.Event) -> Any:
     return solve
 
 
-def test_running_job_is_cancelled(make_client: MakeClient, scenario: dict[str, Any]) -> None:
+@contextlib.contextmanager
+def running_job(
+    make_client: MakeClient, scenario: dict[str, Any]
+) -> Iterator[tuple[TestClient, dict[str, Any]]]:
+    """A client and its plan job, whose search runs (blocked) until the block ends."""
     started, release = threading.Event(), threading.Event()
     client = make_client(solver=blocking_solver(started, release))
     try:
         job = client.post("/v1/plans?job=true", json={"scenario": scenario}).json()
         assert started.wait(10)
+        yield client, job
+    finally:
+        release.set()
+
+
+def test_running_job_is_cancelled(make_client: MakeClient, scenario: dict[str, Any]) -> None:
+    with running_job(make_client, scenario) as (client, job):
         cancel = client.post(f"/v1/jobs/{job['id']}/cancel")
         assert cancel.status_code == 202
         assert cancel.json()["cancel_requested"] is True
         final = wait_job(client, job["id"])
         assert final["status"] == "cancelled" and final["plan_id"] is None
         assert client.get("/v1/plans").json()["count"] == 0
-    finally:
-        release.set()
 
 
 def test_queued_job_is_cancelled_before_it_starts(make_client: MakeClient,
@@ -363,17 +374,11 @@ def _jsonable(value: Any) -> Any:
 
 def test_pending_job_is_failed_when_the_server_shuts_down(
         make_client: MakeClient, scenario: dict[str, Any]) -> None:
-    started, release = threading.Event(), threading.Event()
-    client = make_client(solver=blocking_solver(started, release))
-    try:
-        job = client.post("/v1/plans?job=true", json={"scenario": scenario}).json()
-        assert started.wait(10)
+    with running_job(make_client, scenario) as (client, job):
         client.app.state.runner.shutdown()  # type: ignore[attr-defined]
         final = client.get(f"/v1/jobs/{job['id']}").json()
         assert final["status"] == "failed"
         assert final["error"]["error"] == "server_shutdown"
-    finally:
-        release.set()
 
 
 def test_plan_for_inline_cluster_and_model_with_stored_profiles(
@@ -452,15 +457,9 @@ def test_a_starting_server_fails_the_jobs_of_a_dead_one(make_client: MakeClient)
 
 def test_heartbeat_keeps_a_live_runners_jobs_from_looking_lost(
         make_client: MakeClient, scenario: dict[str, Any]) -> None:
-    started, release = threading.Event(), threading.Event()
-    client = make_client(solver=blocking_solver(started, release))
-    try:
-        job = client.post("/v1/plans?job=true", json={"scenario": scenario}).json()
-        assert started.wait(10)
+    with running_job(make_client, scenario) as (client, job):
         _silence(client, job["id"], 120)
-        client.app.state.runner.beat()  # type: ignore[attr-defined]
         runner = client.app.state.runner  # type: ignore[attr-defined]
+        runner.beat()
         assert runner.fail_lost_jobs() == 0
         assert client.get(f"/v1/jobs/{job['id']}").json()["status"] == "running"
-    finally:
-        release.set()
