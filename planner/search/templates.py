@@ -203,9 +203,7 @@ class TemplateContext:
             return self.stage_spec(shape, b, k, self.link(front.resource, shape.resource,
                                                           same_node=same))
 
-        # The first stage keeps the most micro-batches in flight: checked before the rest.
-        if fixed_partition(self.tables, [spec(depth)], bounds[:2], blocking=self.blocking,
-                           num_pipelines=num_pipelines) is None:
+        if not self._first_stage_fits(spec(depth), bounds[1], num_pipelines):
             return None
         return self._split([spec(k) for k in range(1, depth + 1)], stages, b, bounds,
                            num_pipelines)
@@ -214,16 +212,21 @@ class TemplateContext:
         self, shape: StageShape, b: int, depth: int, *, same_node_links: bool, num_pipelines: int
     ) -> PipelineTemplate | None:
         """`depth` stages of one shape over an even split (what a homogeneous launcher runs).
-        The baselines ask for thousands, most too deep or too shallow to fit: the first
-        stage, which keeps the most micro-batches in flight, is checked before the rest."""
+        Cheaper than `fixed` for a failing depth: no stage list or split is built first."""
         link = self.link(shape.resource, shape.resource, same_node=same_node_links)
         base, extra = divmod(self.tables.num_layers, depth)
-        if fixed_partition(self.tables, [self.stage_spec(shape, b, depth, link)],
-                           [0, base + (extra > 0)], blocking=self.blocking,
-                           num_pipelines=num_pipelines) is None:
+        if not self._first_stage_fits(self.stage_spec(shape, b, depth, link),
+                                      base + (extra > 0), num_pipelines):
             return None
         return self._split(self._run(shape, b, depth, same_node_links)[:depth], [shape] * depth,
                            b, even_bounds(self.tables.num_layers, depth), num_pipelines)
+
+    def _first_stage_fits(self, first: StageSpec, end: int, num_pipelines: int) -> bool:
+        """Whether a split's first stage fits over layers [0, end). It keeps the most
+        micro-batches in flight, and the baselines ask for thousands of splits, most too
+        deep or too shallow to fit: checked before the other stages are even built."""
+        return fixed_partition(self.tables, [first], [0, end], blocking=self.blocking,
+                               num_pipelines=num_pipelines) is not None
 
     def _run(
         self, shape: StageShape, b: int, depth: int, same_node_links: bool
