@@ -43,7 +43,7 @@ class Allocation:
     estimator, whose sync and placement the linear model does not see."""
 
 
-def _capacity(t: PipelineTemplate, target_s: float) -> tuple[float, float]:
+def _capacity(t: PipelineTemplate) -> tuple[float, float]:
     """(slope, intercept) of samples covered by one pipeline at time T."""
     slope = t.micro_batch / t.bottleneck_s
     return slope, t.micro_batch * (1.0 - t.fill_s / t.bottleneck_s)
@@ -53,13 +53,11 @@ class _Offer:
     """The templates of one allocation as arrays: every knapsack step ranks all of them."""
 
     def __init__(self, templates: Sequence[PipelineTemplate]) -> None:
-        capacity = [_capacity(t, 0.0) for t in templates]
+        capacity = [_capacity(t) for t in templates]
         self.slope = np.array([c[0] for c in capacity])
         self.intercept = np.array([c[1] for c in capacity])
         self.fill = np.array([t.fill_s for t in templates])
         self.gpus = np.array([t.num_gpus for t in templates])
-        self.micro_batch = np.array([t.micro_batch for t in templates])
-        self.bottleneck = np.array([t.bottleneck_s for t in templates])
 
 
 def allocate(
@@ -102,8 +100,8 @@ def allocate(
 
 def _finish_time(templates: Sequence[PipelineTemplate], counts: dict[int, int], batch: int) -> float:
     """T with sum_k x_k * (slope_k * T + intercept_k) = batch, at least every fill time."""
-    slope = sum(n * _capacity(templates[k], 0.0)[0] for k, n in counts.items())
-    intercept = sum(n * _capacity(templates[k], 0.0)[1] for k, n in counts.items())
+    slope = sum(n * _capacity(templates[k])[0] for k, n in counts.items())
+    intercept = sum(n * _capacity(templates[k])[1] for k, n in counts.items())
     if slope <= 0:
         return math.inf
     longest_fill = max(templates[k].fill_s for k in counts)
@@ -142,7 +140,7 @@ def _greedy(
     """Fill GPUs with the templates of best throughput per GPU: the solver's hint."""
     rows = tables.resource_rows
     free = dict(rows)
-    order = np.argsort(-offer.micro_batch / offer.bottleneck / offer.gpus, kind="stable")
+    order = np.argsort(-offer.slope / offer.gpus, kind="stable")  # samples/s per GPU
     counts: dict[int, int] = {}
     total = 0
     for k in order.tolist():
