@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 
 from planner.search.drafts import Candidate, Draft, best_realized, draft, identical_draft
+from planner.search.per_type import class_options, per_type_choices
 from planner.search.tables import ResourceClass, ScenarioTables
 from planner.search.templates import PipelineTemplate, StageShape, TemplateContext, even_bounds
 
@@ -32,7 +33,7 @@ def baseline_candidates(
     return {
         "homogeneous": best_realized(tables, _homogeneous(ctx), KEEP),
         "unaware": best_realized(tables, _unaware(ctx), KEEP),
-        "per_type": best_realized(tables, _per_type(tables, templates), KEEP),
+        "per_type": best_realized(tables, _per_type(ctx), KEEP),
     }
 
 
@@ -107,19 +108,11 @@ def _type_orders(
     return [tuple(by_memory), tuple(reversed(by_memory))]
 
 
-def _per_type(tables: ScenarioTables, templates: list[PipelineTemplate]) -> Iterator[Draft | None]:
-    """Each class filled with copies of one of its best homogeneous templates."""
-    options: list[list[tuple[PipelineTemplate, int]]] = []
-    for cls in tables.classes:
-        own = [t for t in templates if len(t.gpus()) == 1 and cls.key in t.gpus()]
-        scored = []
-        for t in own:
-            copies = cls.slots(t.stages[0].tp) // t.num_stages
-            if copies > 0:
-                scored.append((copies * t.micro_batch / t.bottleneck_s, t, copies))
-        scored.sort(key=lambda x: -x[0])
-        options.append([(t, c) for _, t, c in scored[: 2 if len(tables.classes) > 3 else 3]])
-    options = [o for o in options if o]
-    for combo in itertools.product(*options):
-        pipelines = [t for t, copies in combo for _ in range(copies)]
+def _per_type(ctx: TemplateContext) -> Iterator[Draft | None]:
+    """Homogeneous pipelines per class, side by side, the batch split by speed."""
+    tables = ctx.tables
+    hint = 8 if tables.scenario.job.zero_stage >= 1 else 1
+    options = [class_options(ctx, cls, num_pipelines=hint) for cls in tables.classes]
+    for choice in per_type_choices(tables, options):
+        pipelines = [o.template for o in choice for _ in range(o.copies)]
         yield draft(tables, pipelines, "per-type baseline")

@@ -166,6 +166,38 @@ class SuffixSweep:
             stage_s.append(float(self.costs[k - 1][start, bounds[-1]]))
         return Partition(bounds=tuple(bounds), stage_s=tuple(stage_s))
 
+    def extract_light(self, num_stages: int) -> Partition | None:
+        """Of the splits with the least bottleneck, one whose heaviest stage holds the fewest
+        parameters per GPU. Many splits tie on the bottleneck (set by one slow stage, often
+        one behind a slow link), and the heaviest stage sets the gradient sync: a second DP
+        over the same stage matrices, each stage held to the bottleneck."""
+        if num_stages > len(self.best) or not np.isfinite(self.best[num_stages - 1][0]):
+            return None
+        limit = float(self.best[num_stages - 1][0]) * (1 + 1e-12)
+        size = self.tables.num_layers + 1
+        params = self.tables.params
+        weight = params[None, :] - params[:, None]
+        heaviest = np.full(size, INF)
+        heaviest[-1] = 0.0
+        choices = []
+        for k in range(1, num_stages + 1):
+            spec = self.specs[k - 1]
+            allowed = ((self.costs[k - 1] <= limit)
+                       & (self._fits(spec).by_end >= spec.in_flight) & _upper(size))
+            total = np.where(allowed, np.maximum(weight / spec.point.tp, heaviest[None, :]), INF)
+            pick = total.argmin(axis=1)
+            heaviest = total[np.arange(size), pick]
+            choices.append(pick)
+        if not np.isfinite(heaviest[0]):  # float ties broken otherwise: keep the first DP's
+            return self.extract(num_stages)
+        bounds = [0]
+        stage_s = []
+        for k in range(num_stages, 0, -1):
+            start = bounds[-1]
+            bounds.append(int(choices[k - 1][start]))
+            stage_s.append(float(self.costs[k - 1][start, bounds[-1]]))
+        return Partition(bounds=tuple(bounds), stage_s=tuple(stage_s))
+
     def _costs(self, spec: StageSpec, link_out: LinkCost | None) -> _Matrices:
         """Time of this stage over every layer range [j, e): compute plus, with blocking
         transfers, both neighbour transfers twice. Cached per search: thousands of sweeps

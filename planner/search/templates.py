@@ -30,7 +30,7 @@ from planner.search.tables import ResourceClass, ScenarioTables
 
 __all__ = [
     "StageShape", "PipelineTemplate", "generate_templates", "TemplateLimits", "TemplateContext",
-    "even_bounds",
+    "even_bounds", "homogeneous_templates",
 ]
 
 ClassKey = tuple[str, str | None]
@@ -287,13 +287,49 @@ def _homogeneous(
     ctx: TemplateContext, num_pipelines: int, limits: TemplateLimits
 ) -> Iterator[PipelineTemplate]:
     for cls in ctx.tables.classes:
-        for b, tp in _points(ctx, cls):
-            shape = StageShape(resource=cls.key, tp=tp)
-            max_stages = min(limits.max_stages, cls.slots(tp), ctx.tables.num_layers)
-            sweep = SuffixSweep(ctx.tables, blocking=ctx.blocking, num_pipelines=num_pipelines)
-            sweep_together([sweep], [functools.partial(_run_spec, ctx, cls, shape, b, 0)],
-                           [max_stages])
-            yield from _useful_depths(ctx, sweep, 1, b, functools.partial(_segments, shape, None, 0))
+        yield from homogeneous_templates(ctx, cls, num_pipelines=num_pipelines, limits=limits)
+
+
+def homogeneous_templates(
+    ctx: TemplateContext,
+    cls: ResourceClass,
+    *,
+    num_pipelines: int = 1,
+    limits: TemplateLimits | None = None,
+    every_depth: bool = False,
+) -> Iterator[PipelineTemplate]:
+    """Pipelines of one class at every profiled point, with their least-bottleneck splits:
+    the depths that pay off in bottleneck or in sync, or (`every_depth`) all that fit."""
+    limits = limits or TemplateLimits()
+    for b, tp in _points(ctx, cls):
+        shape = StageShape(resource=cls.key, tp=tp)
+        max_stages = min(limits.max_stages, cls.slots(tp), ctx.tables.num_layers)
+        # Pipelines are placed stage after stage, node after node: a transfer crosses nodes
+        # after every `per_node` stages from the front. Counted from the end, as the DP
+        # sweeps, that pattern depends on the depth modulo `per_node`: one sweep each.
+        per_node = max(1, cls.largest_node // tp) if tp * 2 <= cls.largest_node else 1
+        inside = ctx.link(cls.key, cls.key, same_node=True)
+        across = ctx.link(cls.key, cls.key, same_node=False)
+        residues = range(min(per_node, max_stages))
+        sweeps = [SuffixSweep(ctx.tables, blocking=ctx.blocking, num_pipelines=num_pipelines)
+                  for _ in residues]
+        sweep_together(sweeps, [functools.partial(_aligned_spec, ctx, shape, b, per_node, r,
+                                                  inside, across) for r in residues],
+                       [max_stages for _ in residues])
+        yield from _useful_depths(ctx, functools.partial(_by_residue, sweeps), max_stages, b,
+                                  functools.partial(_segments, shape, None, 0),
+                                  every_depth=every_depth)
+
+
+def _by_residue(sweeps: Sequence[SuffixSweep], depth: int) -> SuffixSweep:
+    return sweeps[depth % len(sweeps)]
+
+
+def _aligned_spec(ctx: TemplateContext, shape: StageShape, b: int, per_node: int, residue: int,
+                  inside: LinkCost, across: LinkCost, k: int) -> StageSpec:
+    """The k-th stage from the end of a pipeline whose depth is `residue` modulo `per_node`:
+    it receives across nodes when it starts a node."""
+    return ctx.stage_spec(shape, b, k, across if k % per_node == residue else inside)
 
 
 def _run_spec(
@@ -384,8 +420,9 @@ def _two_segment(
             [t.max_front for t in group])
     for tail in tails:
         yield from _useful_depths(
-            ctx, tail.sweep, tail.num_back + 1, tail.b,
-            functools.partial(_segments, tail.front_shape, tail.back_shape, tail.num_back))
+            ctx, lambda depth, sweep=tail.sweep: sweep, len(tail.sweep.specs), tail.b,
+            functools.partial(_segments, tail.front_shape, tail.back_shape, tail.num_back),
+            first_depth=tail.num_back + 1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -460,25 +497,38 @@ def _segments(
 
 
 IMPROVEMENT = 0.98
-"""A deeper pipeline is worth its GPUs only if its bottleneck is at least 2% lower."""
+"""A deeper pipeline is worth its GPUs only if it cuts the bottleneck or the sync by 2%."""
 
 
 def _useful_depths(
     ctx: TemplateContext,
-    sweep: SuffixSweep,
-    first_depth: int,
+    sweep_for: Callable[[int], SuffixSweep],
+    deepest: int,
     b: int,
     stages_of: Callable[[int], list[StageShape]],
+    *,
+    first_depth: int = 1,
+    every_depth: bool = False,
 ) -> Iterator[PipelineTemplate]:
-    """Templates of the depths swept from `first_depth` on that pay off."""
-    best = math.inf
-    for depth in range(first_depth, len(sweep.specs) + 1):
-        bottleneck = sweep.depth_bottleneck(depth)
-        if bottleneck < best * IMPROVEMENT:
-            template = _template(ctx, sweep, depth, b, stages_of(depth))
-            if template is not None:
-                best = bottleneck
-                yield template
+    """Templates of the depths swept from `first_depth` on that pay off: a deeper pipeline
+    must cut the bottleneck or the heaviest stage's gradient bytes (its share of the
+    sync ring) by 2%. Deeper pipelines hold fewer parameters per GPU, so they sync less
+    even where their bottleneck no longer falls."""
+    best_bottleneck = best_sync = math.inf
+    for depth in range(first_depth, deepest + 1):
+        sweep = sweep_for(depth)
+        if depth > len(sweep.specs):
+            continue
+        template = _template(ctx, sweep, depth, b, stages_of(depth))
+        if template is None:
+            continue
+        bottleneck = template.bottleneck_s
+        sync = max(data for data, _ in template.sync_parts)
+        if every_depth or bottleneck < best_bottleneck * IMPROVEMENT \
+                or sync < best_sync * IMPROVEMENT:
+            best_bottleneck = min(best_bottleneck, bottleneck)
+            best_sync = min(best_sync, sync)
+            yield template
 
 
 def _template(
@@ -486,7 +536,7 @@ def _template(
 ) -> PipelineTemplate | None:
     if not math.isfinite(sweep.depth_bottleneck(depth)):
         return None
-    part = sweep.extract(depth)
+    part = sweep.extract_light(depth)
     if part is None:
         return None
     return _template_from_partition(ctx, sweep.specs, part, b, stages)
