@@ -2,41 +2,44 @@
 
 What a careful engineer builds by hand: for every class (a GPU type in a
 zone), pipelines of one depth, tp and micro-batch size with the least-
-bottleneck layer split, as many replicas as fit, the classes run as data-
+bottleneck layer split, some number of replicas, the classes run as data-
 parallel replicas of one another with the batch split by speed. Every depth
 is offered, not only those that cut the bottleneck: a deeper pipeline puts
 fewer parameters on each GPU, so it syncs less.
 
-Choosing one option per class is a trade between throughput and the sync
-ring, whose time is set by the heaviest stage of any class. For each sync
-threshold, every class takes the option (or none) that covers the most
-samples by the least time at which the chosen set covers the batch (found by
-bisection); the thresholds sweep the trade from the cheapest sync to none.
+Choosing one option per class (or none) trades throughput against the sync
+ring, whose time is set by the heaviest stage of any class, the slowest link
+among the classes and the number of pipelines. Two steps find the sets worth
+judging:
+1. For each threshold on the heaviest stage's parameters per GPU, every class
+   takes the option under it that covers the most samples by the least time
+   at which the chosen set covers the batch (bisected: coverage grows with
+   time), counting whole micro-batches.
+2. From each of those sets, coordinate descent: one class at a time moves to
+   the option (or none) of least estimated iteration time (that least time
+   plus the sync ring's estimate), until no class moves.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from planner.costs import zone_link
 from planner.search.tables import ResourceClass, ScenarioTables
 from planner.search.templates import PipelineTemplate, TemplateContext, homogeneous_templates
 
-__all__ = ["ClassOption", "class_options", "per_type_choices"]
+__all__ = ["ClassOption", "class_options", "heaviest_gradient", "per_type_choices"]
 
 NUM_THRESHOLDS = 96
-"""Sync thresholds swept (quantiles of the options' sync times, all of them when fewer)."""
+"""Thresholds swept (quantiles of the options' heaviest stages, all of them when fewer)."""
 BISECTIONS = 40
-
-
-def heaviest_gradient(template: PipelineTemplate, params: Sequence[float]) -> float:
-    """Parameters per GPU of the template's heaviest stage (`params`: prefix sums over
-    layers): what its sync ring carries."""
-    bounds = template.partition.bounds
-    return max((params[end] - params[start]) / shape.tp
-               for start, end, shape in zip(bounds[:-1], bounds[1:], template.stages, strict=True))
+DESCENT_ROUNDS = 4
+DESCENT_STARTS = 12
+"""Sets of least estimated time, from the threshold sweep, that descent starts from."""
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -46,15 +49,13 @@ class ClassOption:
     template: PipelineTemplate
     copies: int
 
-    @property
-    def slope(self) -> float:
-        """Samples per second, once every copy's pipeline is full."""
-        return self.copies * self.template.micro_batch / self.template.bottleneck_s
 
-    @property
-    def intercept(self) -> float:
-        t = self.template
-        return self.copies * t.micro_batch * (1.0 - t.fill_s / t.bottleneck_s)
+def heaviest_gradient(template: PipelineTemplate, params: Sequence[float]) -> float:
+    """Parameters per GPU of the template's heaviest stage (`params`: prefix sums over
+    layers): what its sync ring carries."""
+    bounds = template.partition.bounds
+    return max((params[end] - params[start]) / shape.tp
+               for start, end, shape in zip(bounds[:-1], bounds[1:], template.stages, strict=True))
 
 
 def class_options(
@@ -76,60 +77,191 @@ def per_type_choices(
 ) -> Iterator[tuple[ClassOption, ...]]:
     """Sets of at most one option per class worth judging, each once."""
     batch = tables.scenario.job.global_batch_size
-    params = tables.params.tolist()
-    arrays = [_Options(group, params) for group in options if group]
-    keys = np.unique(np.concatenate([a.sync for a in arrays])) if arrays else np.array([])
+    groups = [_ClassArrays(tables, group) for group in options if group]
+    if not groups:
+        return
+    keys = np.unique(np.concatenate([g.heaviest for g in groups]))
     if len(keys) > NUM_THRESHOLDS:
         keys = np.quantile(keys, np.linspace(0.0, 1.0, NUM_THRESHOLDS), method="higher")
-    seen: set[tuple[int, ...]] = set()
-    for threshold in keys:
-        chosen = _least_time(arrays, float(threshold), batch)
-        # Dropping one class also shortens every ring its stages were on.
-        for variant in [chosen, *(chosen[:i] + chosen[i + 1:] for i in range(len(chosen)))]:
-            key = tuple(sorted(id(o) for o in variant))
-            if variant and key not in seen:
-                seen.add(key)
-                yield variant
+    sweep = {c: c for c in (_under_threshold(groups, float(x), batch) for x in keys)}
+    ring = _Ring(tables, groups)
+    scored = sorted((ring.iteration_s(groups, c, batch), k) for k, c in sweep.items() if c)
+    found = dict(sweep)
+    for _, key in scored[:DESCENT_STARTS]:
+        for step in _descent(groups, ring, sweep[key], batch):
+            found.setdefault(step, step)
+    for chosen in found.values():
+        picks = tuple(g.options[i] for g, i in zip(groups, chosen, strict=True) if i >= 0)
+        if picks:
+            yield picks
 
 
-class _Options:
+Choice = tuple[int, ...]
+"""Per class, the index of its option (-1: the class sits idle)."""
+
+
+class _ClassArrays:
     """One class's options as arrays."""
 
-    def __init__(self, group: Sequence[ClassOption], params: Sequence[float]) -> None:
+    def __init__(self, tables: ScenarioTables, group: Sequence[ClassOption]) -> None:
         self.options = list(group)
-        self.slope = np.array([o.slope for o in group])
-        self.intercept = np.array([o.intercept for o in group])
-        self.fill = np.array([o.template.fill_s for o in group])
-        # Compared across classes in bytes, not seconds: a combined ring runs at its
-        # slowest member's link, whichever class a stage belongs to.
-        self.sync = np.array([heaviest_gradient(o.template, params) for o in group])
+        self.key = group[0].template.stages[0].resource
+        params = tables.params.tolist()
+        t = [o.template for o in group]
+        self.copies = np.array([o.copies for o in group], dtype=float)
+        self.micro_batch = np.array([x.micro_batch for x in t], dtype=float)
+        self.fill = np.array([x.fill_s for x in t])
+        self.bottleneck = np.array([x.bottleneck_s for x in t])
+        self.cap = np.array([x.max_micro_batches or 10**9 for x in t], dtype=float)
+        self.heaviest = np.array([heaviest_gradient(x, params) for x in t])
+        # Per stage, parameters per GPU and layers: the sync ring's bytes and latency steps.
+        depth = max(x.num_stages for x in t)
+        self.stage_params = np.zeros((len(t), depth))
+        self.stage_layers = np.zeros((len(t), depth))
+        for k, x in enumerate(t):
+            bounds = x.partition.bounds
+            for s, shape in enumerate(x.stages):
+                self.stage_params[k, s] = (params[bounds[s + 1]] - params[bounds[s]]) / shape.tp
+                self.stage_layers[k, s] = bounds[s + 1] - bounds[s]
+
+    def covered(self, target: float) -> np.ndarray:
+        """Samples each option covers by `target`, in whole micro-batches."""
+        return self.covered_at(np.arange(len(self.options)), np.full(len(self.options), target))
+
+    def covered_at(self, index: np.ndarray, target: np.ndarray) -> np.ndarray:
+        """Samples option `index[j]` covers by `target[j]`."""
+        whole = np.floor((target - self.fill[index]) / self.bottleneck[index]) + 1
+        whole = np.clip(whole, 0, self.cap[index])
+        return self.copies[index] * self.micro_batch[index] * whole
 
 
-def _best_at(arrays: Sequence[_Options], threshold: float, target: float) -> tuple[ClassOption, ...]:
-    """Per class, the option under the sync threshold that covers the most samples by
-    `target` (none where no option covers any)."""
-    picks = []
-    for a in arrays:
-        covered = np.where((a.sync <= threshold) & (a.fill <= target),
-                           a.slope * target + a.intercept, -np.inf)
-        best = int(covered.argmax())
-        if covered[best] > 0:
-            picks.append(a.options[best])
-    return tuple(picks)
+def _covered(groups: Sequence[_ClassArrays], choice: Choice, target: np.ndarray) -> np.ndarray:
+    total = np.zeros(len(target))
+    for g, i in zip(groups, choice, strict=True):
+        if i >= 0:
+            total += g.covered_at(np.full(len(target), i), target)
+    return total
 
 
-def _least_time(arrays: Sequence[_Options], threshold: float, batch: int) -> tuple[ClassOption, ...]:
-    """The options that cover the batch soonest under the threshold: the samples the best
-    options cover grow with time, so the least time that covers the batch is bisected."""
+def _under_threshold(groups: Sequence[_ClassArrays], threshold: float, batch: int) -> Choice:
+    def best_at(target: float) -> Choice:
+        picks = []
+        for g in groups:
+            covered = np.where(g.heaviest <= threshold, g.covered(target), -1.0)
+            best = int(covered.argmax())
+            picks.append(best if covered[best] > 0 else -1)
+        return tuple(picks)
+
     low, high = 0.0, 1.0
-    while sum(o.slope * high + o.intercept for o in _best_at(arrays, threshold, high)) < batch:
+    while _covered(groups, best_at(high), np.array([high]))[0] < batch:
         high *= 2
         if high > 1e9:
-            return ()
+            return tuple(-1 for _ in groups)
     for _ in range(BISECTIONS):
         middle = (low + high) / 2
-        covered = sum(o.slope * middle + o.intercept for o in _best_at(arrays, threshold, middle))
-        low, high = (low, middle) if covered >= batch else (middle, high)
-    return _best_at(arrays, threshold, high)
+        enough = _covered(groups, best_at(middle), np.array([middle]))[0] >= batch
+        low, high = (low, middle) if enough else (middle, high)
+    return best_at(high)
 
 
+def _least_times(groups: Sequence[_ClassArrays], others: Choice, moving: int, batch: int) -> np.ndarray:
+    """Per option of class `moving` (and, last, none), the least time at which it and the
+    other classes' choices cover the batch (inf where they never do)."""
+    g = groups[moving]
+    count = len(g.options) + 1
+    low, high = np.zeros(count), np.full(count, 1.0)
+    rest = tuple(-1 if k == moving else i for k, i in enumerate(others))
+
+    index = np.arange(count - 1)
+
+    def enough(target: np.ndarray) -> np.ndarray:
+        own = np.concatenate((g.covered_at(index, target[:-1]), [0.0]))
+        return _covered(groups, rest, target) + own >= batch
+
+    for _ in range(60):
+        short = ~enough(high)
+        if not short.any():
+            break
+        high = np.where(short, high * 2, high)
+    never = ~enough(high)
+    for _ in range(BISECTIONS):
+        middle = (low + high) / 2
+        ok = enough(middle)
+        low, high = np.where(ok, low, middle), np.where(ok, middle, high)
+    return np.where(never, np.inf, high)
+
+
+class _Ring:
+    """Estimated sync time of a set of options: every layer's ring spans all pipelines and
+    runs at the slowest link among the chosen classes (shared interfaces included)."""
+
+    def __init__(self, tables: ScenarioTables, groups: Sequence[_ClassArrays]) -> None:
+        scenario = tables.scenario
+        self.grad_bytes = scenario.job.grad_bytes
+        by_key = {c.key: c for c in tables.classes}
+        self.links: dict[tuple[int, int], tuple[float, float]] = {}
+        for a, b in itertools.combinations_with_replacement(range(len(groups)), 2):
+            ca, cb = by_key[groups[a].key], by_key[groups[b].key]
+            link = zone_link(scenario, ca.zone, cb.zone)
+            share = min(min(1.0, n.num_nics / n.gpus) for n in (*ca.nodes, *cb.nodes))
+            self.links[(a, b)] = (link.bandwidth_gb_per_s * 1e9 * share, link.latency_us * 1e-6)
+
+    def link(self, used: Sequence[int]) -> tuple[float, float]:
+        pairs = [self.links[(a, b)]
+                 for a, b in itertools.combinations_with_replacement(sorted(used), 2)]
+        return min(p[0] for p in pairs), max(p[1] for p in pairs)
+
+    def sync_s(self, groups: Sequence[_ClassArrays], choice: Choice, moving: int | None = None
+               ) -> np.ndarray:
+        """Sync of `choice`, or (with `moving`) of it with each option of that class in turn
+        (and, last, with none)."""
+        fixed = [k for k, i in enumerate(choice) if i >= 0 and k != moving]
+        if moving is None:
+            variants: list[int | None] = [None]
+        else:
+            variants = [*range(len(groups[moving].options)), None]
+        out = np.zeros(len(variants))
+        for v, option in enumerate(variants):
+            used = fixed + ([moving] if option is not None and moving is not None else [])
+            if not used:
+                out[v] = np.inf
+                continue
+            n = sum(groups[k].copies[choice[k]] for k in fixed)
+            if option is not None and moving is not None:
+                n += groups[moving].copies[option]
+            if n <= 1:
+                continue
+            bandwidth, latency = self.link(used)
+            rows = [(groups[k], choice[k]) for k in fixed]
+            if option is not None and moving is not None:
+                rows.append((groups[moving], option))
+            out[v] = max(float(np.max(2 * (n - 1) / n * g.stage_params[i] * self.grad_bytes / bandwidth
+                                      + 2 * (n - 1) * latency * g.stage_layers[i])) for g, i in rows)
+        return out
+
+    def iteration_s(self, groups: Sequence[_ClassArrays], choice: Choice, batch: int) -> float:
+        used = [k for k, i in enumerate(choice) if i >= 0]
+        if not used:
+            return float("inf")
+        first = used[0]
+        times = _least_times(groups, choice, first, batch)
+        return float(times[choice[first]] + self.sync_s(groups, choice)[0])
+
+
+def _descent(groups: Sequence[_ClassArrays], ring: _Ring, start: Choice, batch: int) -> Iterator[Choice]:
+    """Each class in turn takes its option of least estimated iteration time, the others
+    fixed, until none moves; every set passed through."""
+    choice = list(start)
+    for _ in range(DESCENT_ROUNDS):
+        moved = False
+        for k, g in enumerate(groups):
+            scores = _least_times(groups, tuple(choice), k, batch) + ring.sync_s(groups, tuple(choice), k)
+            best = int(np.argmin(scores))
+            pick = best if best < len(g.options) else -1
+            current = choice[k] if choice[k] >= 0 else len(g.options)
+            if pick != choice[k] and scores[best] < scores[current] * (1 - 1e-9):
+                choice[k] = pick
+                moved = True
+                yield tuple(choice)
+        if not moved:
+            return
