@@ -34,9 +34,9 @@ from planner.search.templates import PipelineTemplate, TemplateContext, homogene
 
 __all__ = ["ClassOption", "class_options", "heaviest_gradient", "per_type_choices"]
 
-NUM_THRESHOLDS = 96
+NUM_THRESHOLDS = 64
 """Thresholds swept (quantiles of the options' heaviest stages, all of them when fewer)."""
-BISECTIONS = 40
+BISECTIONS = 30
 DESCENT_ROUNDS = 4
 DESCENT_STARTS = 12
 """Sets of least estimated time, from the threshold sweep, that descent starts from."""
@@ -216,28 +216,34 @@ class _Ring:
         """Sync of `choice`, or (with `moving`) of it with each option of that class in turn
         (and, last, with none)."""
         fixed = [k for k, i in enumerate(choice) if i >= 0 and k != moving]
+        fixed_n = sum(float(groups[k].copies[choice[k]]) for k in fixed)
+        fixed_rows = [(groups[k].stage_params[choice[k]], groups[k].stage_layers[choice[k]])
+                      for k in fixed]
         if moving is None:
-            variants: list[int | None] = [None]
-        else:
-            variants = [*range(len(groups[moving].options)), None]
-        out = np.zeros(len(variants))
-        for v, option in enumerate(variants):
-            used = fixed + ([moving] if option is not None and moving is not None else [])
-            if not used:
-                out[v] = np.inf
-                continue
-            n = sum(groups[k].copies[choice[k]] for k in fixed)
-            if option is not None and moving is not None:
-                n += groups[moving].copies[option]
-            if n <= 1:
-                continue
-            bandwidth, latency = self.link(used)
-            rows = [(groups[k], choice[k]) for k in fixed]
-            if option is not None and moving is not None:
-                rows.append((groups[moving], option))
-            out[v] = max(float(np.max(2 * (n - 1) / n * g.stage_params[i] * self.grad_bytes / bandwidth
-                                      + 2 * (n - 1) * latency * g.stage_layers[i])) for g, i in rows)
-        return out
+            return np.array([self._worst(fixed, np.array([fixed_n]), fixed_rows, None)[0]])
+        g = groups[moving]
+        with_it = self._worst([*fixed, moving], fixed_n + g.copies, fixed_rows,
+                              (g.stage_params, g.stage_layers))
+        without = self._worst(fixed, np.array([fixed_n]), fixed_rows, None)
+        return np.concatenate((with_it, without))
+
+    def _worst(self, used: Sequence[int], n: np.ndarray,
+               rows: Sequence[tuple[np.ndarray, np.ndarray]],
+               own: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
+        """Largest stage sync time, per ring length in `n` (row j of `own` goes with n[j])."""
+        if not used:
+            return np.full(len(n), np.inf)
+        bandwidth, latency = self.link(used)
+        per_byte = np.where(n > 1, 2 * (n - 1) / np.maximum(n, 1), 0.0) * self.grad_bytes / bandwidth
+        per_step = 2 * np.maximum(n - 1, 0) * latency
+        worst = np.zeros(len(n))
+        for stage_params, stage_layers in rows:
+            worst = np.maximum(worst, (per_byte[:, None] * stage_params[None, :]
+                                       + per_step[:, None] * stage_layers[None, :]).max(axis=1))
+        if own is not None:
+            worst = np.maximum(worst, (per_byte[:, None] * own[0]
+                                       + per_step[:, None] * own[1]).max(axis=1))
+        return worst
 
     def iteration_s(self, groups: Sequence[_ClassArrays], choice: Choice, batch: int) -> float:
         used = [k for k, i in enumerate(choice) if i >= 0]

@@ -422,7 +422,7 @@ def _two_segment(
         yield from _useful_depths(
             ctx, lambda depth, sweep=tail.sweep: sweep, len(tail.sweep.specs), tail.b,
             functools.partial(_segments, tail.front_shape, tail.back_shape, tail.num_back),
-            first_depth=tail.num_back + 1)
+            first_depth=tail.num_back + 1, light=False)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -509,17 +509,20 @@ def _useful_depths(
     *,
     first_depth: int = 1,
     every_depth: bool = False,
+    light: bool = True,
 ) -> Iterator[PipelineTemplate]:
     """Templates of the depths swept from `first_depth` on that pay off: a deeper pipeline
     must cut the bottleneck or the heaviest stage's gradient bytes (its share of the
     sync ring) by 2%. Deeper pipelines hold fewer parameters per GPU, so they sync less
-    even where their bottleneck no longer falls."""
+    even where their bottleneck no longer falls. `light`: of the least-bottleneck splits,
+    the one whose heaviest stage holds the fewest parameters (a second DP; two-segment
+    templates, by the thousand, keep the first DP's split)."""
     best_bottleneck = best_sync = math.inf
     for depth in range(first_depth, deepest + 1):
         sweep = sweep_for(depth)
         if depth > len(sweep.specs):
             continue
-        template = _template(ctx, sweep, depth, b, stages_of(depth))
+        template = _template(ctx, sweep, depth, b, stages_of(depth), light=light)
         if template is None:
             continue
         bottleneck = template.bottleneck_s
@@ -532,11 +535,12 @@ def _useful_depths(
 
 
 def _template(
-    ctx: TemplateContext, sweep: SuffixSweep, depth: int, b: int, stages: list[StageShape]
+    ctx: TemplateContext, sweep: SuffixSweep, depth: int, b: int, stages: list[StageShape],
+    *, light: bool = True,
 ) -> PipelineTemplate | None:
     if not math.isfinite(sweep.depth_bottleneck(depth)):
         return None
-    part = sweep.extract_light(depth)
+    part = sweep.extract_light(depth) if light else sweep.extract(depth)
     if part is None:
         return None
     return _template_from_partition(ctx, sweep.specs, part, b, stages)
