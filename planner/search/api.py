@@ -29,6 +29,7 @@ from planner.search.allocate import Allocation, allocate, pareto, prune
 from planner.search.baselines import baseline_candidates
 from planner.search.diagnose import infeasibility_reason, no_plan_reason
 from planner.search.drafts import Candidate, Draft, best_realized, draft
+from planner.search.exact import check_size, exact_optimum
 from planner.search.polish import polish_splits
 from planner.search.refine import rebalance
 from planner.search.tables import ScenarioTables, compile_tables
@@ -128,6 +129,8 @@ def _plan(
     started = time.monotonic()
     report = progress or (lambda fraction, message: None)
     report(0.0, "compiling cost tables")
+    if options.exact:
+        check_size(scenario)  # refused before anything is built
     tables = compile_tables(scenario)
     _check_feasible(tables)
     report(0.05, "building pipeline templates")
@@ -146,21 +149,18 @@ def _plan(
     # it for the interpreter and run while CP-SAT solves (which releases it).
     with ThreadPoolExecutor(max_workers=1) as side:
         baselines_ready = side.submit(_judged_baselines, scenario, tables, templates)
-        if options.exact:
-            report(0.3, "enumerating every plan (exact mode)")
-            candidates, proven = _exact_candidates(scenario), True
-        else:
-            report(0.3, f"allocating GPUs over {len(templates)} pipeline templates")
-            candidates, proven = _allocation_candidates(tables, templates, options, started, report)
+        report(0.3, f"allocating GPUs over {len(templates)} pipeline templates")
+        candidates, proven = _allocation_candidates(tables, templates, options, started, report)
         report(0.7, "building baselines")
         baselines = baselines_ready.result()
     candidates.extend(c for group in baselines.values() for c, _ in group)
     # The allocation is proven only within its own model (templates, caps), never globally.
     status = PlanStatus.FEASIBLE if proven else PlanStatus.HEURISTIC
-    if options.exact:
-        status = PlanStatus.OPTIMAL
     report(0.8, f"judging {min(len(candidates), options.finalists)} finalists")
     best, evaluation, baseline_rates = _judge(scenario, candidates, baselines, options)
+    if options.exact:
+        best, evaluation, status = _exact(scenario, best, evaluation, status, options, started,
+                                          report)
     if best is None or evaluation is None:
         raise Infeasible(no_plan_reason(tables))
     wall_s = time.monotonic() - started
@@ -171,22 +171,38 @@ def _plan(
                       unused_gpus=unused, baselines=baseline_rates)
 
 
+def _exact(
+    scenario: Scenario,
+    best: Candidate | None,
+    evaluation: Evaluation | None,
+    status: PlanStatus,
+    options: SearchOptions,
+    started: float,
+    report: ProgressCallback,
+) -> tuple[Candidate | None, Evaluation | None, PlanStatus]:
+    """The proven optimum, the default search's plan as the first bound. Past the time limit
+    the best plan found so far comes back, not proven."""
+    deadline = started + options.time_limit_s
+    found = exact_optimum(
+        scenario, incumbent=None if best is None else best.plan, deadline=deadline,
+        progress=lambda fraction, message: report(0.8 + 0.19 * fraction, message))
+    if found is None:
+        return best, evaluation, status
+    if not found.proven:
+        origin = (f"exact enumeration stopped at the time limit ({options.time_limit_s:g} s) "
+                  f"after {found.num_plans} partial plans; best plan found so far")
+        return (Candidate.of(found.plan, quick_s=found.evaluation.iteration_s or math.inf,
+                             origin=origin), found.evaluation, PlanStatus.HEURISTIC)
+    origin = (f"exact enumeration: branch and bound over {found.num_structures} pipeline "
+              f"structures ({found.num_plans} partial plans)")
+    return (Candidate.of(found.plan, quick_s=found.evaluation.iteration_s or math.inf,
+                         origin=origin), found.evaluation, PlanStatus.OPTIMAL)
+
+
 def _check_feasible(tables: ScenarioTables) -> None:
     reason = infeasibility_reason(tables)
     if reason is not None:
         raise Infeasible(reason)
-
-
-def _exact_candidates(scenario: Scenario) -> list[Candidate]:
-    from planner.search.exact import exact_optimum
-
-    found = exact_optimum(scenario)
-    if found is None:
-        return []
-    best, evaluation, count = found
-    assert evaluation.iteration_s is not None
-    return [Candidate.of(best, quick_s=evaluation.iteration_s,
-                      origin=f"exact enumeration of {count} plans")]
 
 
 def _allocation_candidates(
@@ -339,7 +355,7 @@ def _judge(
     best_eval: Evaluation | None = None
     if valid:
         _, best, best_eval = min(valid, key=lambda v: v[0])
-        polished = None if options.exact else polish_splits(scenario, best.plan, best_eval)
+        polished = polish_splits(scenario, best.plan, best_eval)
         if polished is not None:
             best = Candidate.of(polished[0], quick_s=polished[1].iteration_s or best.quick_s,
                                 origin=f"{best.origin}, split polished by simulation")

@@ -1,143 +1,584 @@
-"""Exact mode: every plan of a small scenario, judged by the reference estimator.
+"""Exact mode: the proven optimum of a small scenario, by branch and bound.
 
-The version-1 space is enumerated whole: ordered sets of pipelines, each an
-ordered list of stages (a node and a profiled tp), every contiguous layer
-split, every profiled micro-batch size and every batch share. GPUs of one
-node are interchangeable, so each stage takes the lowest free indices. The
-result is the proven optimum; the enumeration is refused beyond `MAX_PLANS`.
+The version-1 plan space is enumerated here without the search's templates,
+layer-split DP or allocation, so that it does not share their blind spots:
+- A **structure** is a micro-batch size and a sequence of stages, each a node,
+  a profiled tp (its GPUs inside that node) and a contiguous layer range. The
+  GPUs of one node are interchangeable (links and interfaces belong to nodes),
+  so a structure fixes everything the cost model reads of a pipeline but its
+  number of micro-batches. Every sequence of (node, tp) that fits the nodes,
+  every contiguous split and every micro-batch size profiled for all its
+  stages is one.
+- A **plan** is a multiset of structures that fits the nodes, with a batch
+  share each; GPUs left out are idle.
+
+For a multiset, the least pipeline time over all batch shares is exact: the
+candidate times are the simulated times of each pipeline for each number of
+micro-batches, and a time is reachable when the batch is a sum of
+`b_p * m_p` with each `m_p` between 1 and what pipeline p finishes by then.
+
+The branch and bound adds structures in a fixed order (a multiset is met
+once) and drops a partial plan when a lower bound on every plan that extends
+it is no better than the best found (the default search's plan to start):
+- sync time: it only grows as pipelines are added (the factor 2(n-1)/n and
+  the latency steps grow, the rings' bandwidth can only be at most what an
+  extension leaves it, and interfaces are shared by more GPUs);
+- pipeline time: at least the least time at which the chosen pipelines
+  (timed by a lower bound of the event simulation), and every free GPU at the
+  most samples per GPU any structure finishes by then, cover the batch.
+
+Limits: scenarios with at most `MAX_GPUS` GPUs, `MAX_LAYERS` layers and
+`MAX_STRUCTURES` structures, and at most two zones (with three or more, the
+order of pipelines in a sync ring can change its slowest hop, and only one
+order is tried). Larger inputs are refused before anything is enumerated.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+import math
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 
-from planner.documents import Node, Pipeline, Plan, Scenario, Stage
+import numpy as np
+
+from planner.costs import GIB, ProfileIndex, link_between, state_bytes_per_param
+from planner.documents import Node, Pipeline, Plan, Scenario, Schedule, Stage
 from planner.errors import PlannerError
 from planner.estimate import Evaluation, evaluate
+from planner.simulate import simulate_pipeline
 
-__all__ = ["MAX_PLANS", "TooLargeForExact", "exact_optimum"]
+__all__ = ["MAX_GPUS", "MAX_LAYERS", "MAX_STRUCTURES", "ExactResult", "TooLargeForExact",
+           "exact_optimum"]
 
-MAX_PLANS = 200_000
+MAX_GPUS = 16
+MAX_LAYERS = 16
+MAX_STRUCTURES = 400_000
+BISECTIONS = 40
 
 
 class TooLargeForExact(PlannerError):
     pass
 
 
-def exact_optimum(scenario: Scenario) -> tuple[Plan, Evaluation, int] | None:
-    """(best plan, its evaluation, plans judged), or None if no plan is valid."""
-    shapes = list(_pipeline_shapes(scenario))
-    # Count first (cheap), so that a scenario too large is refused before any judging.
-    count = sum(1 for _ in itertools.islice(_plans(scenario, shapes), MAX_PLANS + 1))
-    if count > MAX_PLANS:
+@dataclass(frozen=True, kw_only=True)
+class ExactResult:
+    plan: Plan
+    evaluation: Evaluation
+    proven: bool
+    """False when the deadline stopped the enumeration before it finished."""
+    num_structures: int
+    num_plans: int
+    """Partial plans the branch and bound looked at."""
+
+
+ExactProgress = Callable[[float, str], None]
+
+
+def exact_optimum(
+    scenario: Scenario,
+    *,
+    incumbent: Plan | None = None,
+    deadline: float | None = None,
+    progress: ExactProgress | None = None,
+) -> ExactResult | None:
+    """The best plan of the whole version-1 space (None if no plan is valid). `incumbent`,
+    a valid plan, starts the bound; `deadline` (time.monotonic()) stops the enumeration
+    early, with `proven` false; `progress` may raise to cancel."""
+    check_size(scenario)
+    best_s = math.inf
+    best_plan: Plan | None = None
+    if incumbent is not None:
+        judged = evaluate(scenario, incumbent)
+        if judged.valid and judged.iteration_s is not None:
+            best_s, best_plan = judged.iteration_s, incumbent
+    try:
+        structures = _Enumeration(scenario).structures(deadline)
+    except _Cancelled:
+        structures = None
+    search = None
+    if structures is not None:
+        search = _BranchAndBound(scenario, structures, best_s, deadline, progress)
+        best_plan = search.run() or best_plan
+    if best_plan is None:
+        return None
+    return ExactResult(plan=best_plan, evaluation=evaluate(scenario, best_plan),
+                       proven=search is not None and not search.stopped,
+                       num_structures=len(structures or ()),
+                       num_plans=0 if search is None else search.visited)
+
+
+def check_size(scenario: Scenario) -> None:
+    """Refuse, naming the limit, a scenario too large to enumerate."""
+    gpus = sum(n.gpus for n in scenario.cluster.nodes)
+    layers = len(scenario.model.layers)
+    zones = {n.zone for n in scenario.cluster.nodes if n.zone is not None}
+    if gpus > MAX_GPUS:
+        raise TooLargeForExact(f"exact mode enumerates at most {MAX_GPUS} GPUs and this "
+                               f"cluster has {gpus}; use the default search")
+    if layers > MAX_LAYERS:
+        raise TooLargeForExact(f"exact mode enumerates at most {MAX_LAYERS} layers and this "
+                               f"model has {layers}; use the default search")
+    if len(zones) > 2:
+        raise TooLargeForExact(f"exact mode handles at most 2 zones and this cluster has "
+                               f"{len(zones)}; use the default search")
+    count = _Enumeration(scenario).count()
+    if count > MAX_STRUCTURES:
         raise TooLargeForExact(
-            f"exact mode judges at most {MAX_PLANS} plans and this scenario has more; "
-            "use the default search, or fewer GPUs, layers or profiled points")
-    best: tuple[Plan, Evaluation] | None = None
-    types = {n.name: n.gpu_type for n in scenario.cluster.nodes}
-    for chosen, splits, shares in _plans(scenario, shapes):
-        plan_doc = _plan_document(types, chosen, splits, shares)
-        evaluation = evaluate(scenario, plan_doc)
-        if not evaluation.valid or evaluation.iteration_s is None:
-            continue
-        if best is None or evaluation.iteration_s < (best[1].iteration_s or float("inf")):
-            best = (plan_doc, evaluation)
-    return None if best is None else (best[0], best[1], count)
+            f"exact mode enumerates at most {MAX_STRUCTURES} pipeline structures and this "
+            f"scenario has {count}; use the default search, or fewer GPUs, layers or "
+            "profiled points")
 
 
-def _points(scenario: Scenario) -> dict[str, set[tuple[int, int]]]:
-    """Per GPU type, the (micro_batch, tp) points profiled for every kind of the model."""
-    kinds = set(scenario.model.layers)
-    have: dict[tuple[str, int, int], set[str]] = {}
-    for row in scenario.profiles:
-        have.setdefault((row.gpu_type, row.micro_batch, row.tp), set()).add(row.kind)
-    out: dict[str, set[tuple[int, int]]] = {}
-    for (gpu_type, b, tp), profiled in have.items():
-        if kinds <= profiled:
-            out.setdefault(gpu_type, set()).add((b, tp))
-    return out
+@dataclass(eq=False)
+class _Structure:
+    micro_batch: int
+    stages: tuple[tuple[int, int, int, int], ...]
+    """(node index, tp, first layer, end layer) per stage."""
+    usage: tuple[int, ...]
+    """GPUs used on each node."""
+    forward_s: tuple[float, ...]
+    backward_s: tuple[float, ...]
+    transfer_s: tuple[float, ...]
+    most_micro_batches: int
+    """Most micro-batches with which every stage fits in memory (and the batch allows)."""
+    lower_s: np.ndarray
+    """A lower bound of the pipeline's time for m = 1, 2, ... micro-batches (index m - 1)."""
+    exact_s: dict[int, float] = field(default_factory=dict)
+    holders: list[int] = field(default_factory=list)
+    """Per layer, the stage that holds it."""
+
+    def __post_init__(self) -> None:
+        self.holders = [s for s, (_, _, start, end) in enumerate(self.stages)
+                        for _ in range(start, end)]
+
+    @property
+    def num_gpus(self) -> int:
+        return sum(self.usage)
 
 
-def _pipeline_shapes(scenario: Scenario) -> Iterator[tuple[tuple[tuple[str, int], ...], int]]:
-    """Every (stage sequence of (node, tp), micro-batch) whose stages could all exist."""
-    points = _points(scenario)
-    nodes = scenario.cluster.nodes
-    sizes = sorted({b for p in points.values() for b, _ in p})
-    num_layers = len(scenario.model.layers)
-    total = sum(n.gpus for n in nodes)
-    for b in sizes:
-        options = [(n.name, tp) for n in nodes for (bb, tp) in sorted(points.get(n.gpu_type, ()))
-                   if bb == b and tp <= n.gpus]
-        for depth in range(1, min(num_layers, total) + 1):
-            for stages in itertools.product(options, repeat=depth):
-                if _fits(nodes, [stages]):
-                    yield stages, b
+class _Enumeration:
+    """Every structure of a scenario, with its stage times and memory limit."""
 
+    def __init__(self, scenario: Scenario) -> None:
+        self.scenario = scenario
+        self.nodes = scenario.cluster.nodes
+        self.layers = scenario.model.layers
+        self.num_layers = len(self.layers)
+        self.batch = scenario.job.global_batch_size
+        self.schedule = scenario.job.schedule
+        profiles = ProfileIndex(scenario.profiles)
+        kinds = set(self.layers)
+        self.points: dict[str, list[tuple[int, int]]] = {
+            t: profiles.complete_points(t, kinds) for t in {n.gpu_type for n in self.nodes}}
+        self.profiles = profiles
+        self._rows: dict[tuple[str, int, int], list[tuple[float, float, float]]] = {}
 
-def _fits(nodes: list[Node], pipelines: list[tuple[tuple[str, int], ...]]) -> bool:
-    used: dict[str, int] = {}
-    for stages in pipelines:
-        for name, tp in stages:
-            used[name] = used.get(name, 0) + tp
-    return all(used.get(n.name, 0) <= n.gpus for n in nodes)
+    def options(self) -> list[tuple[int, int]]:
+        """(node index, tp) a stage may take."""
+        return [(i, tp) for i, node in enumerate(self.nodes)
+                for tp in sorted({tp for _, tp in self.points[node.gpu_type]}) if tp <= node.gpus]
 
+    def skeletons(self) -> Iterator[tuple[tuple[int, int], ...]]:
+        """Every sequence of (node, tp) that fits the nodes, at most one stage per layer."""
+        options = self.options()
+        used = [0] * len(self.nodes)
+        sequence: list[tuple[int, int]] = []
 
-PipelineShape = tuple[tuple[tuple[str, int], ...], int]
-"""(stages as (node, tp), micro-batch size)"""
+        def extend() -> Iterator[tuple[tuple[int, int], ...]]:
+            if sequence:
+                yield tuple(sequence)
+            if len(sequence) == self.num_layers:
+                return
+            for i, tp in options:
+                if used[i] + tp <= self.nodes[i].gpus:
+                    used[i] += tp
+                    sequence.append((i, tp))
+                    yield from extend()
+                    sequence.pop()
+                    used[i] -= tp
 
+        yield from extend()
 
-def _plans(
-    scenario: Scenario, shapes: list[PipelineShape]
-) -> Iterator[tuple[tuple[PipelineShape, ...], tuple[tuple[int, ...], ...], tuple[int, ...]]]:
-    """(pipelines, layer bounds of each, micro-batches of each) of every plan."""
-    nodes = scenario.cluster.nodes
-    batch = scenario.job.global_batch_size
-    num_layers = len(scenario.model.layers)
-    for n in range(1, len(shapes) + 1):
-        found_any = False
-        for chosen in itertools.product(shapes, repeat=n):
-            if sum(b for _, b in chosen) > batch or not _fits(nodes, [s for s, _ in chosen]):
+    def sizes(self, skeleton: Sequence[tuple[int, int]]) -> list[int]:
+        """Micro-batch sizes profiled for every stage of the skeleton."""
+        common: set[int] | None = None
+        for i, tp in skeleton:
+            have = {b for b, t in self.points[self.nodes[i].gpu_type] if t == tp}
+            common = have if common is None else common & have
+        return sorted(b for b in (common or set()) if b <= self.batch)
+
+    def count(self) -> int:
+        return sum(math.comb(self.num_layers - 1, len(s) - 1) * len(self.sizes(s))
+                   for s in self.skeletons())
+
+    def structures(self, deadline: float | None = None) -> list[_Structure]:
+        found = []
+        for skeleton in self.skeletons():
+            if deadline is not None and time.monotonic() > deadline:
+                raise _Cancelled
+            splits = [(0, *cuts, self.num_layers)
+                      for cuts in itertools.combinations(range(1, self.num_layers), len(skeleton) - 1)]
+            for b in self.sizes(skeleton):
+                for bounds in splits:
+                    built = self._structure(skeleton, b, bounds)
+                    if built is not None:
+                        found.append(built)
+        return found
+
+    def _layer_rows(self, gpu_type: str, b: int, tp: int) -> list[tuple[float, float, float]]:
+        """Per layer: forward ms, backward ms, activation bytes."""
+        key = (gpu_type, b, tp)
+        if key not in self._rows:
+            rows = [self.profiles.get(gpu_type, kind, b, tp) for kind in self.layers]
+            self._rows[key] = [(r.forward_ms, r.backward_ms, r.activation_bytes)
+                               for r in rows if r is not None]
+        return self._rows[key]
+
+    def _structure(
+        self, skeleton: Sequence[tuple[int, int]], b: int, bounds: Sequence[int]
+    ) -> _Structure | None:
+        # Summed in the estimator's order (milliseconds first), so that times agree to the bit.
+        scenario, nodes = self.scenario, self.nodes
+        depth = len(skeleton)
+        sums = []
+        for s, (i, tp) in enumerate(skeleton):
+            rows = self._layer_rows(nodes[i].gpu_type, b, tp)[bounds[s]:bounds[s + 1]]
+            sums.append((sum(r[0] for r in rows), sum(r[1] for r in rows), sum(r[2] for r in rows)))
+        transfers = []
+        for s in range(depth - 1):
+            link = link_between(scenario, nodes[skeleton[s][0]], nodes[skeleton[s + 1][0]])
+            size = scenario.model.kinds[self.layers[bounds[s + 1] - 1]].output_bytes_per_sample * b
+            transfers.append(link.latency_us * 1e-6 + size / (link.bandwidth_gb_per_s * 1e9))
+        blocking = scenario.job.blocking_transfers
+        forward, backward = [], []
+        for s, (forward_ms, backward_ms, _) in enumerate(sums):
+            around = (transfers[s - 1] if s > 0 else 0.0) + (transfers[s] if s < depth - 1 else 0.0)
+            extra_ms = around * 1e3 if blocking else 0.0
+            forward.append((forward_ms + extra_ms) * 1e-3)
+            backward.append((backward_ms + extra_ms) * 1e-3)
+        most = self._most_micro_batches(skeleton, b, bounds, [a for _, _, a in sums])
+        if most < 1:
+            return None
+        usage = [0] * len(nodes)
+        for i, tp in skeleton:
+            usage[i] += tp
+        return _Structure(
+            micro_batch=b,
+            stages=tuple((i, tp, bounds[s], bounds[s + 1]) for s, (i, tp) in enumerate(skeleton)),
+            usage=tuple(usage), forward_s=tuple(forward), backward_s=tuple(backward),
+            transfer_s=tuple(transfers), most_micro_batches=most,
+            lower_s=_lower_bounds(forward, backward, [] if blocking else transfers, most))
+
+    def _most_micro_batches(
+        self, skeleton: Sequence[tuple[int, int]], b: int, bounds: Sequence[int], acts: list[float]
+    ) -> int:
+        """Most micro-batches with which every stage fits, by section 4's test (sharded state
+        counted at the most pipelines the cluster could hold, so no structure is dropped that
+        some plan needs; the plan finally chosen is checked by the estimator)."""
+        scenario, nodes = self.scenario, self.nodes
+        limit = self.batch // b
+        per_param = state_bytes_per_param(scenario, sum(n.gpus for n in nodes)).total
+        depth = len(skeleton)
+        for s, (i, tp) in enumerate(skeleton):
+            gpu_type = nodes[i].gpu_type
+            params = sum(scenario.model.kinds[k].params for k in self.layers[bounds[s]:bounds[s + 1]])
+            state = params / tp * per_param
+            reserved = scenario.reserved_gib(gpu_type) * GIB
+            capacity = scenario.gpu_types[gpu_type].memory_gib * GIB
+
+            def fits(k: int, state: float = state, reserved: float = reserved,
+                     capacity: float = capacity, acts: float = acts[s]) -> bool:
+                return state + k * acts + reserved <= capacity
+
+            if not fits(0):
+                return 0
+            needed = depth - s if self.schedule is Schedule.ONE_F_ONE_B else limit
+            if acts[s] <= 0 or fits(needed):
                 continue
-            found_any = True
-            for splits in itertools.product(*[_splits(num_layers, len(s)) for s, _ in chosen]):
-                for shares in _shares([b for _, b in chosen], batch):
-                    yield chosen, splits, shares
-        if not found_any:
+            k = int((capacity - reserved - state) // acts[s])
+            while k > 0 and not fits(k):
+                k -= 1
+            while fits(k + 1):
+                k += 1
+            limit = min(limit, k)
+        return limit
+
+
+def _lower_bounds(forward: Sequence[float], backward: Sequence[float], transfers: Sequence[float],
+                  most: int) -> np.ndarray:
+    """A lower bound of a pipeline's time per number of micro-batches (index m - 1): stage s
+    runs m forwards and m backwards, after the first micro-batch's forwards in front of it
+    and before the last one's backwards there (`transfers`: delays between stages, none
+    when transfers block and are in the stage times)."""
+    m = np.arange(1, most + 1, dtype=float)
+    best = np.zeros(most)
+    ahead = 0.0
+    for s, (f, b) in enumerate(zip(forward, backward, strict=True)):
+        if s > 0 and transfers:
+            ahead += 2 * transfers[s - 1]
+        best = np.maximum(best, ahead + m * (f + b))
+        ahead += f + b
+    return best
+
+
+def _rate_per_gpu(x: _Structure) -> float:
+    """Samples per GPU-second the structure can never exceed: its lower bounds grow by at
+    least its slowest stage's forward and backward per micro-batch."""
+    slowest = max(f + b for f, b in zip(x.forward_s, x.backward_s, strict=True))
+    return x.micro_batch / (x.num_gpus * slowest)
+
+
+class _Cancelled(Exception):
+    pass
+
+
+class _BranchAndBound:
+    def __init__(self, scenario: Scenario, structures: list[_Structure], best_s: float,
+                 deadline: float | None, progress: ExactProgress | None) -> None:
+        self.scenario = scenario
+        self.nodes = scenario.cluster.nodes
+        self.batch = scenario.job.global_batch_size
+        self.best_s = best_s
+        self.best: Plan | None = None
+        self.deadline = deadline
+        self.progress = progress
+        self.stopped = False
+        self.visited = 0
+        self.rings = _Rings(scenario)
+        # Most promising first: by the most samples per GPU-second a structure can reach, an
+        # upper bound that also caps every structure after it (used by `_least_time`).
+        self.structures = sorted(structures, key=lambda x: -_rate_per_gpu(x))
+        self.rates = [_rate_per_gpu(x) for x in self.structures]
+        self.usage = np.array([x.usage for x in self.structures], dtype=int).reshape(
+            len(self.structures), len(self.nodes))
+        self._fitting: dict[tuple[int, ...], np.ndarray] = {}
+
+    def run(self) -> Plan | None:
+        free = tuple(n.gpus for n in self.nodes)
+        try:
+            self._extend([], 0, free)
+        except _Cancelled:
+            self.stopped = True
+        return self.best
+
+    def _extend(self, chosen: list[_Structure], first: int, free: tuple[int, ...]) -> None:
+        fitting = self._fits(free)
+        for index in fitting[np.searchsorted(fitting, first):].tolist():
+            candidate = self.structures[index]
+            self.visited += 1
+            if self.visited % 2048 == 0:
+                self._check_time(index, first)
+            if float(candidate.lower_s[0]) >= self.best_s:
+                continue
+            plan = [*chosen, candidate]
+            exact_sync = self.rings.sync_s(plan, len(plan), bound=False)
+            if exact_sync >= self.best_s:
+                continue  # every extension syncs at least as long
+            if exact_sync + self._least_time(plan, 0.0) < self.best_s:
+                self._judge(plan, exact_sync)
+            left = tuple(f - u for f, u in zip(free, candidate.usage, strict=True))
+            more = self._fits(left)
+            after = int(np.searchsorted(more, index))
+            if after < len(more):  # some structure from this one on still fits
+                later = self.rings.sync_s(plan, len(plan) + 1, bound=True)
+                rate = sum(left) * self.rates[int(more[after])]
+                if later + self._least_time(plan, rate) < self.best_s:
+                    self._extend(plan, index, left)
+
+    def _fits(self, free: tuple[int, ...]) -> np.ndarray:
+        """Indices of the structures that fit in `free` GPUs per node, ascending."""
+        if free not in self._fitting:
+            self._fitting[free] = np.flatnonzero((self.usage <= np.array(free)).all(axis=1))
+        return self._fitting[free]
+
+    def _check_time(self, index: int, first: int) -> None:
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise _Cancelled
+        if self.progress is not None and first == 0:
+            self.progress(index / max(1, len(self.structures)), "exact enumeration")
+
+    def _least_time(self, plan: Sequence[_Structure], rate: float) -> float:
+        """A lower bound of the pipeline time of any plan made of `plan` and more pipelines
+        that together cover at most `rate` samples per second: the least time by which they
+        could cover the batch, the chosen pipelines timed by their lower bounds (b samples
+        more at each). The caller bounds `rate` by the free GPUs times the rate per GPU of
+        the first structure that may still be added and fits them (structures come in
+        falling rate per GPU)."""
+        floor = max(float(x.lower_s[0]) for x in plan)
+        times = np.concatenate([x.lower_s for x in plan])
+        order = np.argsort(times, kind="stable")
+        times = times[order]
+        samples = np.cumsum(np.concatenate([np.full(len(x.lower_s), float(x.micro_batch))
+                                            for x in plan])[order])
+        # On [times[k], times[k + 1]) the cover is samples[k] + rate * T.
+        ends = np.append(times[1:], np.inf)
+        if rate > 0:
+            needed = np.maximum(times, (self.batch - samples) / rate)
+        else:
+            needed = np.where(samples >= self.batch, times, np.inf)
+        ok = needed < ends  # (every answer is at least `floor`, past the first end)
+        return max(float(needed[ok].min()) if ok.any() else math.inf, floor)
+
+    def _judge(self, plan: list[_Structure], sync_s: float) -> None:
+        shares = _least_time_shares(plan, self.batch, self.scenario.job.schedule,
+                                    self.scenario.job.blocking_transfers)
+        if shares is None:
             return
+        pipeline_s, micro_batches = shares
+        if pipeline_s + sync_s >= self.best_s * (1 - 1e-12):
+            return
+        # The estimator has the last word (memory under ZeRO depends on the pipeline count).
+        document = _plan_document(self.scenario, plan, micro_batches)
+        judged = evaluate(self.scenario, document)
+        if judged.valid and judged.iteration_s is not None and judged.iteration_s < self.best_s:
+            self.best_s, self.best = judged.iteration_s, document
 
 
-def _splits(num_layers: int, depth: int) -> list[tuple[int, ...]]:
-    return [(0, *cuts, num_layers) for cuts in itertools.combinations(range(1, num_layers), depth - 1)]
+def _exact_time(x: _Structure, m: int, schedule: Schedule, blocking: bool) -> float:
+    if m not in x.exact_s:
+        x.exact_s[m] = simulate_pipeline(x.forward_s, x.backward_s, x.transfer_s, m, schedule,
+                                         blocking_transfers=blocking)
+    return x.exact_s[m]
 
 
-def _shares(sizes: list[int], batch: int) -> Iterator[tuple[int, ...]]:
-    """Micro-batch counts of at least 1 with sum(b * m) == batch."""
-    if len(sizes) == 1:
-        if batch % sizes[0] == 0 and batch >= sizes[0]:
-            yield (batch // sizes[0],)
-        return
-    head, rest = sizes[0], sizes[1:]
-    for m in range(1, (batch - sum(rest)) // head + 1):
-        for tail in _shares(rest, batch - head * m):
-            yield (m, *tail)
+def _least_time_shares(
+    plan: Sequence[_Structure], batch: int, schedule: Schedule, blocking: bool
+) -> tuple[float, list[int]] | None:
+    """The least pipeline time over every batch share, and the shares."""
+    times = sorted({_exact_time(x, m, schedule, blocking)
+                    for x in plan for m in range(1, x.most_micro_batches + 1)})
+
+    def shares_by(target: float) -> list[int] | None:
+        most = [sum(1 for m in range(1, x.most_micro_batches + 1)
+                    if _exact_time(x, m, schedule, blocking) <= target) for x in plan]
+        return _shares_summing_to(batch, [x.micro_batch for x in plan], most)
+
+    low, high = 0, len(times) - 1
+    if not times or shares_by(times[-1]) is None:
+        return None
+    while low < high:
+        middle = (low + high) // 2
+        if shares_by(times[middle]) is not None:
+            high = middle
+        else:
+            low = middle + 1
+    found = shares_by(times[low])
+    assert found is not None
+    return times[low], found
 
 
-def _plan_document(
-    types: dict[str, str],
-    chosen: tuple[PipelineShape, ...],
-    splits: tuple[tuple[int, ...], ...],
-    shares: tuple[int, ...],
-) -> Plan:
-    next_free: dict[str, int] = {}
+def _shares_summing_to(batch: int, sizes: Sequence[int], most: Sequence[int]) -> list[int] | None:
+    """Counts 1 <= m_p <= most_p with sum(sizes_p * m_p) == batch, if any (a bounded
+    subset-sum over the batch)."""
+    if any(m < 1 for m in most):
+        return None
+    reach = [np.zeros(batch + 1, dtype=bool)]
+    reach[0][0] = True
+    for b, top in zip(sizes, most, strict=True):
+        here = np.zeros(batch + 1, dtype=bool)
+        for m in range(1, top + 1):
+            if b * m > batch:
+                break
+            here[b * m:] |= reach[-1][:batch + 1 - b * m]
+        reach.append(here)
+    if not reach[-1][batch]:
+        return None
+    counts = []
+    left = batch
+    for p in range(len(sizes) - 1, -1, -1):  # walk back through the table
+        b = sizes[p]
+        for m in range(1, most[p] + 1):
+            if left - b * m >= 0 and reach[p][left - b * m]:
+                counts.append(m)
+                left -= b * m
+                break
+    return counts[::-1]
+
+
+class _Rings:
+    """Section 3's sync time of a multiset of structures, in the order given, and a lower
+    bound of it over every plan that adds pipelines after them."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        self.scenario = scenario
+        self.nodes: list[Node] = list(scenario.cluster.nodes)
+        self.params = [scenario.model.kinds[k].params for k in scenario.model.layers]
+        self.grad_bytes = scenario.job.grad_bytes
+        self.zoned = any(n.zone is not None for n in self.nodes)
+        cluster = scenario.cluster
+        links = [cluster.inter_node, *cluster.intra_node.values(), *cluster.inter_zone]
+        self.fastest = max(x.bandwidth_gb_per_s for x in links) * 1e9
+        self.quickest = min(x.latency_us for x in links) * 1e-6
+
+    def sync_s(self, plan: Sequence[_Structure], num_pipelines: int, *, bound: bool) -> float:
+        n = num_pipelines
+        if n <= 1:
+            return 0.0
+        count = len(self.nodes)
+        used = [0] * count
+        for x in plan:
+            for i, u in enumerate(x.usage):
+                used[i] += u
+        share = [min(1.0, node.num_nics / u) if u else 1.0
+                 for node, u in zip(self.nodes, used, strict=True)]
+        hops = {(a, b): self._hop(a, b, share) for a in range(count) for b in range(count)}
+        stage_sync: dict[tuple[int, int], float] = {}
+        rings: dict[tuple[int, ...], tuple[float, float]] = {}
+        per_byte = 2 * (n - 1) / n * self.grad_bytes
+        per_step = 2 * (n - 1)
+        for layer, params in enumerate(self.params):
+            stages = [x.holders[layer] for x in plan]
+            nodes = tuple(x.stages[s][0] for x, s in zip(plan, stages, strict=True))
+            if nodes not in rings:
+                rings[nodes] = (self._bound(nodes, share) if bound else self._ring(nodes, hops))
+            bandwidth, latency = rings[nodes]
+            for p, (x, s) in enumerate(zip(plan, stages, strict=True)):
+                key = (p, s)
+                stage_sync[key] = stage_sync.get(key, 0.0) + (
+                    per_byte * params / x.stages[s][1] / bandwidth + per_step * latency)
+        return max(stage_sync.values())
+
+    def _hop(self, a: int, b: int, share: list[float]) -> tuple[float, float]:
+        link = link_between(self.scenario, self.nodes[a], self.nodes[b])
+        scale = 1.0 if a == b else min(share[a], share[b])
+        return link.bandwidth_gb_per_s * 1e9 * scale, link.latency_us * 1e-6
+
+    @staticmethod
+    def _ring(nodes: tuple[int, ...], hops: dict[tuple[int, int], tuple[float, float]]
+              ) -> tuple[float, float]:
+        ring = [hops[(a, b)] for a, b in zip(nodes, nodes[1:] + nodes[:1], strict=True)]
+        return min(h[0] for h in ring), max(h[1] for h in ring)
+
+    def _bound(self, ring: Sequence[int], share: list[float]) -> tuple[float, float]:
+        """The most bandwidth and least latency any longer ring through these holders can
+        have: a ring over two or more nodes has a hop between every node of it and another
+        node, and more holders only share interfaces further."""
+        if self.zoned:
+            return self.fastest, self.quickest
+        names = set(ring)
+        inter = self.scenario.cluster.inter_node
+        if len(names) >= 2:
+            return (inter.bandwidth_gb_per_s * 1e9 * min(share[i] for i in names),
+                    inter.latency_us * 1e-6)
+        (only,) = names
+        intra = self.scenario.cluster.intra_node[self.nodes[only].gpu_type]
+        return (max(intra.bandwidth_gb_per_s, inter.bandwidth_gb_per_s * share[only]) * 1e9,
+                min(intra.latency_us, inter.latency_us) * 1e-6)
+
+
+def _plan_document(scenario: Scenario, plan: Sequence[_Structure], micro_batches: Sequence[int]) -> Plan:
+    nodes = scenario.cluster.nodes
+    next_free = [0] * len(nodes)
     pipelines = []
-    for (stages, b), bounds, m in zip(chosen, splits, shares, strict=True):
-        built = []
-        for s, (node, tp) in enumerate(stages):
-            start = next_free.get(node, 0)
-            next_free[node] = start + tp
-            built.append(Stage(gpu_type=types[node], tp=tp,
-                               gpus=[f"{node}:{i}" for i in range(start, start + tp)],
-                               layers=(bounds[s], bounds[s + 1])))
-        pipelines.append(Pipeline(micro_batch_size=b, num_micro_batches=m, stages=built))
-    return Plan(pipelines=pipelines)
+    for x, m in zip(plan, micro_batches, strict=True):
+        stages = []
+        for i, tp, start, end in x.stages:
+            first = next_free[i]
+            next_free[i] += tp
+            stages.append(Stage(gpu_type=nodes[i].gpu_type, tp=tp,
+                                gpus=[f"{nodes[i].name}:{g}" for g in range(first, first + tp)],
+                                layers=(start, end)))
+        pipelines.append(Pipeline(micro_batch_size=x.micro_batch, num_micro_batches=m, stages=stages))
+    return Plan(schedule=scenario.job.schedule, pipelines=pipelines)
