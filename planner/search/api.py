@@ -29,7 +29,7 @@ from planner.search.allocate import Allocation, allocate, pareto, prune
 from planner.search.baselines import baseline_candidates
 from planner.search.diagnose import infeasibility_reason, no_plan_reason
 from planner.search.drafts import Candidate, Draft, best_realized, draft
-from planner.search.exact import check_size, exact_optimum
+from planner.search.exact import TooLargeForExact, check_size, exact_optimum
 from planner.search.polish import polish_splits
 from planner.search.refine import rebalance
 from planner.search.tables import ScenarioTables, compile_tables
@@ -40,6 +40,8 @@ __all__ = ["PlanStatus", "SearchOptions", "PlanResult", "plan"]
 PLANNER_VERSION = "0.1.0"
 REFINED = 3  # best finalists whose batch shares are then set by exact simulation
 BASELINE_FINALISTS = 3  # placed candidates of each baseline judged by the estimator
+EXACT_SHARE = 0.8
+"""Share of the time limit the default search gives exact enumeration on small scenarios."""
 QUICK_SLACK = 1.1
 """Finalists whose quick estimate exceeds the best simulated time by more are not judged."""
 
@@ -158,7 +160,7 @@ def _plan(
     status = PlanStatus.FEASIBLE if proven else PlanStatus.HEURISTIC
     report(0.8, f"judging {min(len(candidates), options.finalists)} finalists")
     best, evaluation, baseline_rates = _judge(scenario, candidates, baselines, options)
-    if options.exact:
+    if options.exact or _small_enough(scenario):
         best, evaluation, status = _exact(scenario, best, evaluation, status, options, started,
                                           report)
     if best is None or evaluation is None:
@@ -169,6 +171,18 @@ def _plan(
     report(1.0, "done")
     return PlanResult(plan=document, evaluation=evaluation, status=status, wall_s=wall_s,
                       unused_gpus=unused, baselines=baseline_rates)
+
+
+def _small_enough(scenario: Scenario) -> bool:
+    """Whether exact mode's enumeration takes the scenario: the default search then runs it
+    too, within its time limit, from its own best plan (templates split layers for the
+    bottleneck and model pipelines as linear in their micro-batches; with few GPUs and
+    micro-batches, neither holds well)."""
+    try:
+        check_size(scenario)
+    except TooLargeForExact:
+        return False
+    return True
 
 
 def _exact(
@@ -182,13 +196,15 @@ def _exact(
 ) -> tuple[Candidate | None, Evaluation | None, PlanStatus]:
     """The proven optimum, the default search's plan as the first bound. Past the time limit
     the best plan found so far comes back, not proven."""
-    deadline = started + options.time_limit_s
+    deadline = started + options.time_limit_s * (1.0 if options.exact else EXACT_SHARE)
     found = exact_optimum(
         scenario, incumbent=None if best is None else best.plan, deadline=deadline,
         progress=lambda fraction, message: report(0.8 + 0.19 * fraction, message))
     if found is None:
         return best, evaluation, status
     if not found.proven:
+        if not options.exact and found.plan is (best.plan if best else None):
+            return best, evaluation, status  # nothing better found in the time given
         origin = (f"exact enumeration stopped at the time limit ({options.time_limit_s:g} s) "
                   f"after {found.num_plans} partial plans; best plan found so far")
         return (Candidate.of(found.plan, quick_s=found.evaluation.iteration_s or math.inf,

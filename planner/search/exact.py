@@ -56,6 +56,8 @@ MAX_GPUS = 16
 MAX_LAYERS = 16
 MAX_STRUCTURES = 400_000
 BISECTIONS = 40
+SEEDS = 4096
+"""Structures, most promising first, whose replicas are judged before the enumeration."""
 
 
 class TooLargeForExact(PlannerError):
@@ -145,13 +147,11 @@ class _Structure:
     """Most micro-batches with which every stage fits in memory (and the batch allows)."""
     lower_s: np.ndarray
     """A lower bound of the pipeline's time for m = 1, 2, ... micro-batches (index m - 1)."""
+    node_of_layer: tuple[int, ...]
+    """Per layer, the node of the stage that holds it."""
+    slowest_s: float
+    """The slowest stage's forward plus backward: what each more micro-batch adds at least."""
     exact_s: dict[int, float] = field(default_factory=dict)
-    holders: list[int] = field(default_factory=list)
-    """Per layer, the stage that holds it."""
-
-    def __post_init__(self) -> None:
-        self.holders = [s for s, (_, _, start, end) in enumerate(self.stages)
-                        for _ in range(start, end)]
 
     @property
     def num_gpus(self) -> int:
@@ -173,7 +173,11 @@ class _Enumeration:
         self.points: dict[str, list[tuple[int, int]]] = {
             t: profiles.complete_points(t, kinds) for t in {n.gpu_type for n in self.nodes}}
         self.profiles = profiles
-        self._rows: dict[tuple[str, int, int], list[tuple[float, float, float]]] = {}
+        self._prefixes: dict[tuple[str, int, int], np.ndarray] = {}
+        self.params = np.concatenate(([0.0], np.cumsum([scenario.model.kinds[k].params
+                                                        for k in self.layers])))
+        self.output_bytes = np.array([scenario.model.kinds[k].output_bytes_per_sample
+                                      for k in self.layers], dtype=float)
 
     def options(self) -> list[tuple[int, int]]:
         """(node index, tp) a stage may take."""
@@ -214,120 +218,132 @@ class _Enumeration:
                    for s in self.skeletons())
 
     def structures(self, deadline: float | None = None) -> list[_Structure]:
-        found = []
+        splits = {depth: np.array([(0, *cuts, self.num_layers) for cuts in itertools.combinations(
+            range(1, self.num_layers), depth - 1)], dtype=int).reshape(-1, depth + 1)
+            for depth in range(1, self.num_layers + 1)}
+        found: list[_Structure] = []
         for skeleton in self.skeletons():
             if deadline is not None and time.monotonic() > deadline:
                 raise _Cancelled
-            splits = [(0, *cuts, self.num_layers)
-                      for cuts in itertools.combinations(range(1, self.num_layers), len(skeleton) - 1)]
             for b in self.sizes(skeleton):
-                for bounds in splits:
-                    built = self._structure(skeleton, b, bounds)
-                    if built is not None:
-                        found.append(built)
+                found.extend(self._structures(skeleton, b, splits[len(skeleton)]))
         return found
 
-    def _layer_rows(self, gpu_type: str, b: int, tp: int) -> list[tuple[float, float, float]]:
-        """Per layer: forward ms, backward ms, activation bytes."""
+    def _prefix(self, gpu_type: str, b: int, tp: int) -> np.ndarray:
+        """Prefix sums over layers of forward ms, backward ms and activation bytes (rows)."""
         key = (gpu_type, b, tp)
-        if key not in self._rows:
+        if key not in self._prefixes:
             rows = [self.profiles.get(gpu_type, kind, b, tp) for kind in self.layers]
-            self._rows[key] = [(r.forward_ms, r.backward_ms, r.activation_bytes)
-                               for r in rows if r is not None]
-        return self._rows[key]
+            values = np.array([(r.forward_ms, r.backward_ms, r.activation_bytes)
+                               for r in rows if r is not None], dtype=float).T
+            self._prefixes[key] = np.concatenate((np.zeros((3, 1)), np.cumsum(values, axis=1)),
+                                                 axis=1)
+        return self._prefixes[key]
 
-    def _structure(
-        self, skeleton: Sequence[tuple[int, int]], b: int, bounds: Sequence[int]
-    ) -> _Structure | None:
-        # Summed in the estimator's order (milliseconds first), so that times agree to the bit.
+    def _structures(
+        self, skeleton: Sequence[tuple[int, int]], b: int, bounds: np.ndarray
+    ) -> list[_Structure]:
+        """The structures of one skeleton and micro-batch size, one per split (rows of
+        `bounds`) with every stage fitting at least one micro-batch."""
         scenario, nodes = self.scenario, self.nodes
-        depth = len(skeleton)
-        sums = []
+        depth, count = len(skeleton), len(bounds)
+        starts, ends = bounds[:, :-1], bounds[:, 1:]
+        forward_ms, backward_ms, acts = (np.empty((count, depth)) for _ in range(3))
         for s, (i, tp) in enumerate(skeleton):
-            rows = self._layer_rows(nodes[i].gpu_type, b, tp)[bounds[s]:bounds[s + 1]]
-            sums.append((sum(r[0] for r in rows), sum(r[1] for r in rows), sum(r[2] for r in rows)))
-        transfers = []
+            prefix = self._prefix(nodes[i].gpu_type, b, tp)
+            forward_ms[:, s], backward_ms[:, s], acts[:, s] = (
+                prefix[:, ends[:, s]] - prefix[:, starts[:, s]])
+        transfers = np.zeros((count, depth - 1))
         for s in range(depth - 1):
             link = link_between(scenario, nodes[skeleton[s][0]], nodes[skeleton[s + 1][0]])
-            size = scenario.model.kinds[self.layers[bounds[s + 1] - 1]].output_bytes_per_sample * b
-            transfers.append(link.latency_us * 1e-6 + size / (link.bandwidth_gb_per_s * 1e9))
+            transfers[:, s] = (link.latency_us * 1e-6 + self.output_bytes[ends[:, s] - 1] * b
+                               / (link.bandwidth_gb_per_s * 1e9))
         blocking = scenario.job.blocking_transfers
-        forward, backward = [], []
-        for s, (forward_ms, backward_ms, _) in enumerate(sums):
-            around = (transfers[s - 1] if s > 0 else 0.0) + (transfers[s] if s < depth - 1 else 0.0)
-            extra_ms = around * 1e3 if blocking else 0.0
-            forward.append((forward_ms + extra_ms) * 1e-3)
-            backward.append((backward_ms + extra_ms) * 1e-3)
-        most = self._most_micro_batches(skeleton, b, bounds, [a for _, _, a in sums])
-        if most < 1:
-            return None
+        around = np.zeros((count, depth))
+        if blocking:
+            around[:, 1:] += transfers
+            around[:, :-1] += transfers
+        forward = (forward_ms + around * 1e3) * 1e-3
+        backward = (backward_ms + around * 1e3) * 1e-3
+        most = self._most_micro_batches(skeleton, b, starts, ends, acts)
+        lower = _lower_bounds(forward, backward, None if blocking else transfers,
+                              self.batch // b)
         usage = [0] * len(nodes)
         for i, tp in skeleton:
             usage[i] += tp
-        return _Structure(
-            micro_batch=b,
-            stages=tuple((i, tp, bounds[s], bounds[s + 1]) for s, (i, tp) in enumerate(skeleton)),
-            usage=tuple(usage), forward_s=tuple(forward), backward_s=tuple(backward),
-            transfer_s=tuple(transfers), most_micro_batches=most,
-            lower_s=_lower_bounds(forward, backward, [] if blocking else transfers, most))
+        rows = np.flatnonzero(most >= 1)
+        # Per structure, the node holding each layer and the slowest stage, for all at once.
+        stage_of_layer = (np.arange(self.num_layers)[None, None, :]
+                          >= bounds[rows, 1:-1][:, :, None]).sum(axis=1)
+        node_of_layer = np.array([i for i, _ in skeleton])[stage_of_layer].tolist()
+        slowest = (forward[rows] + backward[rows]).max(axis=1).tolist()
+        stages = [tuple((i, tp, start, end) for (i, tp), start, end
+                        in zip(skeleton, row[:-1], row[1:], strict=True))
+                  for row in bounds[rows].tolist()]
+        return [
+            _Structure(micro_batch=b, stages=stage, usage=tuple(usage), forward_s=tuple(f),
+                       backward_s=tuple(g), transfer_s=tuple(x), most_micro_batches=m,
+                       lower_s=lower[k, :m], node_of_layer=tuple(nol), slowest_s=slow)
+            for k, stage, f, g, x, m, nol, slow in zip(
+                rows.tolist(), stages, forward[rows].tolist(), backward[rows].tolist(),
+                transfers[rows].tolist(), most[rows].tolist(), node_of_layer, slowest, strict=True)]
 
-    def _most_micro_batches(
-        self, skeleton: Sequence[tuple[int, int]], b: int, bounds: Sequence[int], acts: list[float]
-    ) -> int:
-        """Most micro-batches with which every stage fits, by section 4's test (sharded state
-        counted at the most pipelines the cluster could hold, so no structure is dropped that
-        some plan needs; the plan finally chosen is checked by the estimator)."""
+    def _most_micro_batches(self, skeleton: Sequence[tuple[int, int]], b: int, starts: np.ndarray,
+                            ends: np.ndarray, acts: np.ndarray) -> np.ndarray:
+        """Per split, the most micro-batches with which every stage fits by section 4's test
+        (sharded state counted at the most pipelines the cluster could hold, so that no
+        structure some plan needs is dropped; the plan chosen is checked by the estimator)."""
         scenario, nodes = self.scenario, self.nodes
         limit = self.batch // b
         per_param = state_bytes_per_param(scenario, sum(n.gpus for n in nodes)).total
         depth = len(skeleton)
+        most = np.full(len(starts), limit)
         for s, (i, tp) in enumerate(skeleton):
             gpu_type = nodes[i].gpu_type
-            params = sum(scenario.model.kinds[k].params for k in self.layers[bounds[s]:bounds[s + 1]])
-            state = params / tp * per_param
+            state = (self.params[ends[:, s]] - self.params[starts[:, s]]) / tp * per_param
             reserved = scenario.reserved_gib(gpu_type) * GIB
             capacity = scenario.gpu_types[gpu_type].memory_gib * GIB
+            a = acts[:, s]
 
-            def fits(k: int, state: float = state, reserved: float = reserved,
-                     capacity: float = capacity, acts: float = acts[s]) -> bool:
-                return state + k * acts + reserved <= capacity
+            def fits(k: np.ndarray, state: np.ndarray = state, a: np.ndarray = a,
+                     reserved: float = reserved, capacity: float = capacity) -> np.ndarray:
+                return state + k * a + reserved <= capacity
 
-            if not fits(0):
-                return 0
+            with np.errstate(divide="ignore", invalid="ignore"):
+                k = np.where(a > 0, np.floor((capacity - reserved - state) / np.where(a > 0, a, 1)),
+                             limit)
+            k = np.clip(k, -1, limit)
+            k = np.where((k >= 0) & ~fits(k), k - 1, k)  # settle the division's rounding
+            k = np.where((k < limit) & fits(k + 1), k + 1, k)
+            k = np.where(fits(np.zeros_like(k)), k, -1)
             needed = depth - s if self.schedule is Schedule.ONE_F_ONE_B else limit
-            if acts[s] <= 0 or fits(needed):
-                continue
-            k = int((capacity - reserved - state) // acts[s])
-            while k > 0 and not fits(k):
-                k -= 1
-            while fits(k + 1):
-                k += 1
-            limit = min(limit, k)
-        return limit
+            # 1F1B keeps at most S - s micro-batches in flight here: past that, any m fits.
+            most = np.minimum(most, np.where(k >= needed, limit, k))
+        return most.astype(int)
 
 
-def _lower_bounds(forward: Sequence[float], backward: Sequence[float], transfers: Sequence[float],
+def _lower_bounds(forward: np.ndarray, backward: np.ndarray, transfers: np.ndarray | None,
                   most: int) -> np.ndarray:
-    """A lower bound of a pipeline's time per number of micro-batches (index m - 1): stage s
-    runs m forwards and m backwards, after the first micro-batch's forwards in front of it
-    and before the last one's backwards there (`transfers`: delays between stages, none
-    when transfers block and are in the stage times)."""
-    m = np.arange(1, most + 1, dtype=float)
-    best = np.zeros(most)
-    ahead = 0.0
-    for s, (f, b) in enumerate(zip(forward, backward, strict=True)):
-        if s > 0 and transfers:
-            ahead += 2 * transfers[s - 1]
-        best = np.maximum(best, ahead + m * (f + b))
-        ahead += f + b
+    """Per structure (rows), a lower bound of its time for m = 1 .. `most` micro-batches
+    (columns): stage s runs m forwards and m backwards, after the first micro-batch's
+    forwards in front of it and before the last one's backwards there (`transfers`: delays
+    between stages, None when transfers block and are in the stage times)."""
+    m = np.arange(1, most + 1, dtype=float)[None, :]
+    best = np.zeros((len(forward), most))
+    ahead = np.zeros((len(forward), 1))
+    for s in range(forward.shape[1]):
+        if s > 0 and transfers is not None:
+            ahead = ahead + 2 * transfers[:, s - 1:s]
+        busy = (forward[:, s] + backward[:, s])[:, None]
+        best = np.maximum(best, ahead + m * busy)
+        ahead = ahead + busy
     return best
 
 
 def _rate_per_gpu(x: _Structure) -> float:
     """Samples per GPU-second the structure can never exceed: its lower bounds grow by at
     least its slowest stage's forward and backward per micro-batch."""
-    slowest = max(f + b for f, b in zip(x.forward_s, x.backward_s, strict=True))
-    return x.micro_batch / (x.num_gpus * slowest)
+    return x.micro_batch / (x.num_gpus * x.slowest_s)
 
 
 class _Cancelled(Exception):
@@ -351,41 +367,94 @@ class _BranchAndBound:
         # upper bound that also caps every structure after it (used by `_least_time`).
         self.structures = sorted(structures, key=lambda x: -_rate_per_gpu(x))
         self.rates = [_rate_per_gpu(x) for x in self.structures]
+        self.rate_array = np.array(self.rates)
+        self.first_s = np.array([float(x.lower_s[0]) for x in self.structures])
+        self.steady = np.array([x.micro_batch / x.slowest_s for x in self.structures])
         self.usage = np.array([x.usage for x in self.structures], dtype=int).reshape(
             len(self.structures), len(self.nodes))
         self._fitting: dict[tuple[int, ...], np.ndarray] = {}
+        radix = np.cumprod([1] + [n.gpus + 1 for n in self.nodes])[:-1]
+        self.usage_code = self.usage @ radix  # one integer per usage vector
 
     def run(self) -> Plan | None:
         free = tuple(n.gpus for n in self.nodes)
         try:
+            self._seed(free)
             self._extend([], 0, free)
         except _Cancelled:
             self.stopped = True
         return self.best
 
     def _extend(self, chosen: list[_Structure], first: int, free: tuple[int, ...]) -> None:
-        fitting = self._fits(free)
-        for index in fitting[np.searchsorted(fitting, first):].tolist():
+        indices, rates = self._survivors(chosen, first, free)
+        for index, rate in zip(indices.tolist(), rates.tolist(), strict=True):
             candidate = self.structures[index]
             self.visited += 1
             if self.visited % 2048 == 0:
                 self._check_time(index, first)
-            if float(candidate.lower_s[0]) >= self.best_s:
-                continue
             plan = [*chosen, candidate]
+            if not self._passes(plan, 0.0, rate, quick=True):
+                continue  # the best improved since the survivors were picked
             exact_sync = self.rings.sync_s(plan, len(plan), bound=False)
             if exact_sync >= self.best_s:
                 continue  # every extension syncs at least as long
-            if exact_sync + self._least_time(plan, 0.0) < self.best_s:
+            if self._passes(plan, exact_sync, 0.0):
                 self._judge(plan, exact_sync)
-            left = tuple(f - u for f, u in zip(free, candidate.usage, strict=True))
-            more = self._fits(left)
-            after = int(np.searchsorted(more, index))
-            if after < len(more):  # some structure from this one on still fits
+            if rate > 0:
                 later = self.rings.sync_s(plan, len(plan) + 1, bound=True)
-                rate = sum(left) * self.rates[int(more[after])]
-                if later + self._least_time(plan, rate) < self.best_s:
+                if self._passes(plan, later, rate):
+                    left = tuple(f - u for f, u in zip(free, candidate.usage, strict=True))
                     self._extend(plan, index, left)
+
+    def _seed(self, free: tuple[int, ...]) -> None:
+        """Replicas of one structure, as many as fit, for the most promising structures: a
+        good bound early prunes most of the enumeration (data-parallel copies of one
+        pipeline are what most optima are made of)."""
+        for index, x in enumerate(self.structures[:SEEDS]):
+            copies = min(f // u for f, u in zip(free, x.usage, strict=True) if u > 0)
+            for count in {copies, max(1, copies // 2)}:
+                plan = [x] * count
+                if self._passes(plan, 0.0, 0.0):
+                    sync_s = self.rings.sync_s(plan, count, bound=False)
+                    if self._passes(plan, sync_s, 0.0):
+                        self._judge(plan, sync_s)
+            if index % 256 == 0:
+                self._check_time(index, 1)
+
+    def _survivors(self, chosen: Sequence[_Structure], first: int, free: tuple[int, ...]
+                   ) -> tuple[np.ndarray, np.ndarray]:
+        """The structures from `first` on that fit `free` and pass the cheap bound with no
+        sync at all (all of them at once), with the most samples per second the pipelines
+        still to come after each could add: the free GPUs left times the rate per GPU of
+        the first structure from it on that fits them."""
+        fitting = self._fits(free)
+        indices = fitting[np.searchsorted(fitting, first):]
+        rates = np.zeros(len(indices))
+        codes = self.usage_code[indices]
+        for code in np.unique(codes).tolist():
+            same = np.flatnonzero(codes == code)
+            shape = self.usage[indices[same[0]]]
+            left = tuple(int(f - u) for f, u in zip(free, shape, strict=True))
+            more = self._fits(left)
+            after = np.searchsorted(more, indices[same])
+            reach = after < len(more)
+            rates[same[reach]] = sum(left) * self.rate_array[more[after[reach]]]
+        floor = np.maximum(self.first_s[indices], max((float(x.lower_s[0]) for x in chosen),
+                                                       default=0.0))
+        steady = sum(x.micro_batch / x.slowest_s for x in chosen) + self.steady[indices] + rates
+        keep = np.maximum(floor, self.batch / steady) < self.best_s
+        return indices[keep], rates[keep]
+
+    def _passes(self, plan: Sequence[_Structure], sync_s: float, rate: float, *,
+                quick: bool = False) -> bool:
+        """Whether plans made of `plan` and pipelines adding at most `rate` samples per
+        second, syncing at least `sync_s`, could beat the best: a cheap bound (each chosen
+        pipeline at its steady rate) first, then the tighter one."""
+        floor = max(float(x.lower_s[0]) for x in plan)
+        steady = sum(x.micro_batch / x.slowest_s for x in plan) + rate
+        if sync_s + max(floor, self.batch / steady) >= self.best_s:
+            return False
+        return quick or sync_s + self._least_time(plan, rate) < self.best_s
 
     def _fits(self, free: tuple[int, ...]) -> np.ndarray:
         """Indices of the structures that fit in `free` GPUs per node, ascending."""
@@ -511,45 +580,49 @@ class _Rings:
         links = [cluster.inter_node, *cluster.intra_node.values(), *cluster.inter_zone]
         self.fastest = max(x.bandwidth_gb_per_s for x in links) * 1e9
         self.quickest = min(x.latency_us for x in links) * 1e-6
+        self._rings: dict[tuple[tuple[int, ...], tuple[int, ...], bool], tuple[float, float]] = {}
 
     def sync_s(self, plan: Sequence[_Structure], num_pipelines: int, *, bound: bool) -> float:
         n = num_pipelines
         if n <= 1:
             return 0.0
-        count = len(self.nodes)
-        used = [0] * count
-        for x in plan:
-            for i, u in enumerate(x.usage):
-                used[i] += u
-        share = [min(1.0, node.num_nics / u) if u else 1.0
-                 for node, u in zip(self.nodes, used, strict=True)]
-        hops = {(a, b): self._hop(a, b, share) for a in range(count) for b in range(count)}
-        stage_sync: dict[tuple[int, int], float] = {}
-        rings: dict[tuple[int, ...], tuple[float, float]] = {}
+        used = tuple(map(sum, zip(*(x.usage for x in plan), strict=True)))
         per_byte = 2 * (n - 1) / n * self.grad_bytes
         per_step = 2 * (n - 1)
+        # Per layer: parameters over the ring's bandwidth, and its latency, as prefix sums.
+        weighted, steps = [0.0], [0.0]
         for layer, params in enumerate(self.params):
-            stages = [x.holders[layer] for x in plan]
-            nodes = tuple(x.stages[s][0] for x, s in zip(plan, stages, strict=True))
-            if nodes not in rings:
-                rings[nodes] = (self._bound(nodes, share) if bound else self._ring(nodes, hops))
-            bandwidth, latency = rings[nodes]
-            for p, (x, s) in enumerate(zip(plan, stages, strict=True)):
-                key = (p, s)
-                stage_sync[key] = stage_sync.get(key, 0.0) + (
-                    per_byte * params / x.stages[s][1] / bandwidth + per_step * latency)
-        return max(stage_sync.values())
+            nodes = tuple(x.node_of_layer[layer] for x in plan)
+            bandwidth, latency = self._ring_of(nodes, used, bound)
+            weighted.append(weighted[-1] + params / bandwidth)
+            steps.append(steps[-1] + latency)
+        worst = 0.0
+        for x in plan:
+            for _, tp, start, end in x.stages:
+                worst = max(worst, per_byte * (weighted[end] - weighted[start]) / tp
+                            + per_step * (steps[end] - steps[start]))
+        return worst
+
+    def _ring_of(self, nodes: tuple[int, ...], used: tuple[int, ...], bound: bool
+                 ) -> tuple[float, float]:
+        key = (nodes, used, bound)
+        found = self._rings.get(key)
+        if found is None:
+            share = [min(1.0, node.num_nics / u) if u else 1.0
+                     for node, u in zip(self.nodes, used, strict=True)]
+            if bound:
+                found = self._bound(nodes, share)
+            else:
+                hops = [self._hop(a, b, share) for a, b in zip(nodes, nodes[1:] + nodes[:1],
+                                                               strict=True)]
+                found = (min(h[0] for h in hops), max(h[1] for h in hops))
+            self._rings[key] = found
+        return found
 
     def _hop(self, a: int, b: int, share: list[float]) -> tuple[float, float]:
         link = link_between(self.scenario, self.nodes[a], self.nodes[b])
         scale = 1.0 if a == b else min(share[a], share[b])
         return link.bandwidth_gb_per_s * 1e9 * scale, link.latency_us * 1e-6
-
-    @staticmethod
-    def _ring(nodes: tuple[int, ...], hops: dict[tuple[int, int], tuple[float, float]]
-              ) -> tuple[float, float]:
-        ring = [hops[(a, b)] for a, b in zip(nodes, nodes[1:] + nodes[:1], strict=True)]
-        return min(h[0] for h in ring), max(h[1] for h in ring)
 
     def _bound(self, ring: Sequence[int], share: list[float]) -> tuple[float, float]:
         """The most bandwidth and least latency any longer ring through these holders can

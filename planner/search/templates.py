@@ -420,7 +420,7 @@ def _two_segment(
             [t.max_front for t in group])
     for tail in tails:
         yield from _useful_depths(
-            ctx, lambda depth, sweep=tail.sweep: sweep, len(tail.sweep.specs), tail.b,
+            ctx, functools.partial(_by_residue, [tail.sweep]), len(tail.sweep.specs), tail.b,
             functools.partial(_segments, tail.front_shape, tail.back_shape, tail.num_back),
             first_depth=tail.num_back + 1, light=False)
 
