@@ -34,6 +34,7 @@ from planner.search.polish import polish_splits
 from planner.search.refine import rebalance
 from planner.search.tables import ScenarioTables, compile_tables
 from planner.search.templates import PipelineTemplate, generate_templates
+from planner.space_bound import SpaceBound, space_bound
 
 __all__ = ["PlanStatus", "SearchOptions", "PlanResult", "plan"]
 
@@ -167,7 +168,8 @@ def _plan(
         raise Infeasible(no_plan_reason(tables))
     wall_s = time.monotonic() - started
     unused = _unused_gpus(tables, best.plan)
-    document = _annotate(best, evaluation, status, wall_s, unused, baseline_rates)
+    document = _annotate(best, evaluation, status, wall_s, unused, baseline_rates,
+                         space_bound(scenario))
     report(1.0, "done")
     return PlanResult(plan=document, evaluation=evaluation, status=status, wall_s=wall_s,
                       unused_gpus=unused, baselines=baseline_rates)
@@ -406,6 +408,7 @@ def _annotate(
     wall_s: float,
     unused: dict[str, str],
     baselines: dict[str, float | None],
+    space: SpaceBound | None,
 ) -> Plan:
     estimate: dict[str, Any] = {
         "iteration_s": evaluation.iteration_s,
@@ -424,5 +427,9 @@ def _annotate(
         "planner_version": PLANNER_VERSION,
         "baselines_samples_per_s": baselines,
         "num_unused_gpus": len(unused),
+        # Counts memory and sync, not bubbles: see planner/space_bound.py.
+        "upper_bound_samples_per_s": None if space is None else space.samples_per_s,
+        "gap_to_upper_bound": None if space is None or evaluation.samples_per_s is None
+        else 1.0 - evaluation.samples_per_s / space.samples_per_s,
     }
     return best.plan.model_copy(update={"estimate": estimate, "search": search})

@@ -173,18 +173,18 @@ class SuffixSweep:
         over the same stage matrices, each stage held to the bottleneck."""
         if num_stages > len(self.best) or not np.isfinite(self.best[num_stages - 1][0]):
             return None
+        if num_stages == 1:
+            return self.extract(num_stages)
         limit = float(self.best[num_stages - 1][0]) * (1 + 1e-12)
         size = self.tables.num_layers + 1
-        params = self.tables.params
-        weight = params[None, :] - params[:, None]
         heaviest = np.full(size, INF)
         heaviest[-1] = 0.0
         choices = []
         for k in range(1, num_stages + 1):
             spec = self.specs[k - 1]
-            allowed = ((self.costs[k - 1] <= limit)
-                       & (self._fits(spec).by_end >= spec.in_flight) & _upper(size))
-            total = np.where(allowed, np.maximum(weight / spec.point.tp, heaviest[None, :]), INF)
+            weight, fits = self._weight_and_fits(spec)
+            allowed = (self.costs[k - 1] <= limit) & fits
+            total = np.where(allowed, np.maximum(weight, heaviest[None, :]), INF)
             pick = total.argmin(axis=1)
             heaviest = total[np.arange(size), pick]
             choices.append(pick)
@@ -197,6 +197,20 @@ class SuffixSweep:
             bounds.append(int(choices[k - 1][start]))
             stage_s.append(float(self.costs[k - 1][start, bounds[-1]]))
         return Partition(bounds=tuple(bounds), stage_s=tuple(stage_s))
+
+    def _weight_and_fits(self, spec: StageSpec) -> tuple[np.ndarray, np.ndarray]:
+        """Parameters per GPU over every layer range, and where the stage fits with its
+        micro-batches in flight (cached per search, as the other matrices)."""
+        key = ("light", id(spec.point), spec.in_flight, spec.link_in is None, self.num_pipelines)
+        cache = self.tables.matrices
+        found = cache.get(key)
+        if found is None:
+            params = self.tables.params
+            weight = (params[None, :] - params[:, None]) / spec.point.tp
+            size = self.tables.num_layers + 1
+            fits = (self._fits(spec).by_end >= spec.in_flight) & _upper(size)
+            found = cache[key] = (weight, fits)
+        return cast(tuple[np.ndarray, np.ndarray], found)
 
     def _costs(self, spec: StageSpec, link_out: LinkCost | None) -> _Matrices:
         """Time of this stage over every layer range [j, e): compute plus, with blocking

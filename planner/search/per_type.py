@@ -34,11 +34,11 @@ from planner.search.templates import PipelineTemplate, TemplateContext, homogene
 
 __all__ = ["ClassOption", "class_options", "heaviest_gradient", "per_type_choices"]
 
-NUM_THRESHOLDS = 64
+NUM_THRESHOLDS = 32
 """Thresholds swept (quantiles of the options' heaviest stages, all of them when fewer)."""
-BISECTIONS = 30
+BISECTIONS = 24
 DESCENT_ROUNDS = 4
-DESCENT_STARTS = 12
+DESCENT_STARTS = 6
 """Sets of least estimated time, from the threshold sweep, that descent starts from."""
 
 

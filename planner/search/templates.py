@@ -297,10 +297,23 @@ def homogeneous_templates(
     num_pipelines: int = 1,
     limits: TemplateLimits | None = None,
     every_depth: bool = False,
-) -> Iterator[PipelineTemplate]:
+) -> list[PipelineTemplate]:
     """Pipelines of one class at every profiled point, with their least-bottleneck splits:
-    the depths that pay off in bottleneck or in sync, or (`every_depth`) all that fit."""
+    the depths that pay off in bottleneck or in sync, or (`every_depth`) all that fit.
+    Swept once per search (the per-type baseline asks for every depth, the allocation for
+    those that pay off)."""
     limits = limits or TemplateLimits()
+    key = ("homogeneous", cls.key, num_pipelines, limits.max_stages)
+    every = ctx.tables.matrices.get(key)
+    if every is None:
+        every = ctx.tables.matrices[key] = list(_every_depth(ctx, cls, num_pipelines, limits))
+    assert isinstance(every, list)
+    return list(every) if every_depth else _paying(every)
+
+
+def _every_depth(
+    ctx: TemplateContext, cls: ResourceClass, num_pipelines: int, limits: TemplateLimits
+) -> Iterator[PipelineTemplate]:
     for b, tp in _points(ctx, cls):
         shape = StageShape(resource=cls.key, tp=tp)
         max_stages = min(limits.max_stages, cls.slots(tp), ctx.tables.num_layers)
@@ -317,8 +330,25 @@ def homogeneous_templates(
                                                   inside, across) for r in residues],
                        [max_stages for _ in residues])
         yield from _useful_depths(ctx, functools.partial(_by_residue, sweeps), max_stages, b,
-                                  functools.partial(_segments, shape, None, 0),
-                                  every_depth=every_depth)
+                                  functools.partial(_segments, shape, None, 0), every_depth=True)
+
+
+def _paying(templates: Sequence[PipelineTemplate]) -> list[PipelineTemplate]:
+    """Of templates listed by point, then depth, those whose depth pays off: a deeper one must
+    cut the bottleneck or its heaviest stage's gradient bytes by 2% (see `_useful_depths`)."""
+    kept = []
+    point = None
+    best_bottleneck = best_sync = math.inf
+    for t in templates:
+        if (t.micro_batch, t.stages[0].tp) != point:
+            point = (t.micro_batch, t.stages[0].tp)
+            best_bottleneck = best_sync = math.inf
+        sync = max(data for data, _ in t.sync_parts)
+        if t.bottleneck_s < best_bottleneck * IMPROVEMENT or sync < best_sync * IMPROVEMENT:
+            best_bottleneck = min(best_bottleneck, t.bottleneck_s)
+            best_sync = min(best_sync, sync)
+            kept.append(t)
+    return kept
 
 
 def _by_residue(sweeps: Sequence[SuffixSweep], depth: int) -> SuffixSweep:
