@@ -40,7 +40,7 @@ __all__ = ["PlanStatus", "SearchOptions", "PlanResult", "plan"]
 
 PLANNER_VERSION = "0.1.0"
 REFINED = 3  # best finalists whose batch shares are then set by exact simulation
-BASELINE_FINALISTS = 3  # placed candidates of each baseline judged by the estimator
+BASELINE_FINALISTS = 4  # placed candidates of each baseline judged by the estimator
 EXACT_SHARE = 0.8
 """Share of the time limit the default search gives exact enumeration on small scenarios."""
 QUICK_SLACK = 1.1

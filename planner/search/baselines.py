@@ -30,10 +30,16 @@ def baseline_candidates(
 ) -> dict[str, list[Candidate]]:
     """Placed candidates of each baseline, best first by the quick estimate."""
     ctx = TemplateContext(tables, tables.scenario.job.schedule)
+    homogeneous = best_realized(tables, _homogeneous(ctx), KEEP)
+    # One type's identical pipelines with an even split are per-type plans too: the per-type
+    # baseline is never below the homogeneous one, whichever the quick estimates favour.
+    per_type = best_realized(tables, _per_type(ctx), KEEP) + [
+        Candidate(build=c.build, quick_s=c.quick_s, origin=c.origin.replace(
+            "homogeneous baseline", "per-type baseline (one type)")) for c in homogeneous]
     return {
-        "homogeneous": best_realized(tables, _homogeneous(ctx), KEEP),
+        "homogeneous": homogeneous,
         "unaware": best_realized(tables, _unaware(ctx), KEEP),
-        "per_type": best_realized(tables, _per_type(ctx), KEEP),
+        "per_type": sorted(per_type, key=lambda c: c.quick_s),
     }
 
 

@@ -113,6 +113,7 @@ class _ClassArrays:
         self.fill = np.array([x.fill_s for x in t])
         self.bottleneck = np.array([x.bottleneck_s for x in t])
         self.cap = np.array([x.max_micro_batches or 10**9 for x in t], dtype=float)
+        self.tp = np.array([max(s.tp for s in x.stages) for x in t], dtype=float)
         self.heaviest = np.array([heaviest_gradient(x, params) for x in t])
         # Per stage, parameters per GPU and layers: the sync ring's bytes and latency steps.
         depth = max(x.num_stages for x in t)
@@ -199,6 +200,9 @@ class _Ring:
         scenario = tables.scenario
         self.grad_bytes = scenario.job.grad_bytes
         by_key = {c.key: c for c in tables.classes}
+        self.largest_node = [by_key[g.key].largest_node for g in groups]
+        self.inside = [(scenario.cluster.intra_node[g.key[0]].bandwidth_gb_per_s * 1e9,
+                        scenario.cluster.intra_node[g.key[0]].latency_us * 1e-6) for g in groups]
         self.links: dict[tuple[int, int], tuple[float, float]] = {}
         for a, b in itertools.combinations_with_replacement(range(len(groups)), 2):
             ca, cb = by_key[groups[a].key], by_key[groups[b].key]
@@ -220,20 +224,35 @@ class _Ring:
         fixed_rows = [(groups[k].stage_params[choice[k]], groups[k].stage_layers[choice[k]])
                       for k in fixed]
         if moving is None:
+            if len(fixed) == 1:  # one class alone: its replicas may share a node's link
+                (k,) = fixed
+                g = groups[k]
+                i = choice[k]
+                return self._worst(fixed, np.array([fixed_n]), [],
+                                   (g.stage_params[i:i + 1], g.stage_layers[i:i + 1]),
+                                   g.tp[i:i + 1])
             return np.array([self._worst(fixed, np.array([fixed_n]), fixed_rows, None)[0]])
         g = groups[moving]
         with_it = self._worst([*fixed, moving], fixed_n + g.copies, fixed_rows,
-                              (g.stage_params, g.stage_layers))
-        without = self._worst(fixed, np.array([fixed_n]), fixed_rows, None)
+                              (g.stage_params, g.stage_layers), g.tp if not fixed else None)
+        without = self.sync_s(groups, tuple(-1 if k == moving else i
+                                            for k, i in enumerate(choice)))
         return np.concatenate((with_it, without))
 
     def _worst(self, used: Sequence[int], n: np.ndarray,
                rows: Sequence[tuple[np.ndarray, np.ndarray]],
-               own: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
+               own: tuple[np.ndarray, np.ndarray] | None, own_tp: np.ndarray | None = None
+               ) -> np.ndarray:
         """Largest stage sync time, per ring length in `n` (row j of `own` goes with n[j])."""
         if not used:
             return np.full(len(n), np.inf)
-        bandwidth, latency = self.link(used)
+        bandwidth, latency = (np.full(len(n), x) for x in self.link(used))
+        if len(used) == 1 and own_tp is not None:
+            # Replicas of one class that fit in one node keep every ring inside it.
+            (only,) = used
+            fits = n * own_tp <= self.largest_node[only]
+            bandwidth = np.where(fits, self.inside[only][0], bandwidth)
+            latency = np.where(fits, self.inside[only][1], latency)
         per_byte = np.where(n > 1, 2 * (n - 1) / np.maximum(n, 1), 0.0) * self.grad_bytes / bandwidth
         per_step = 2 * np.maximum(n - 1, 0) * latency
         worst = np.zeros(len(n))

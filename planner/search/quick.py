@@ -63,7 +63,8 @@ def estimate_sync_s(
 
 
 def rough_sync_s(tables: ScenarioTables, templates: Sequence[PipelineTemplate]) -> float:
-    """Sync before placement: every class's nodes fully used, rings always between nodes."""
+    """Sync before placement: every class's nodes fully used, rings between nodes unless
+    the replicas of one class fit in one of its nodes."""
     n = len(templates)
     if n <= 1:
         return 0.0
@@ -75,6 +76,11 @@ def rough_sync_s(tables: ScenarioTables, templates: Sequence[PipelineTemplate]) 
             for layer in range(bounds[s], bounds[s + 1]):
                 holders[layer].add(shape.resource)
     first = {c.key: c.nodes[0] for c in tables.classes}
+    by_key = {c.key: c for c in tables.classes}
+    # Replicas of one class that fit in one node keep every ring inside it (stage-major).
+    inside = (len({key for keys in holders for key in keys}) == 1
+              and n * max(s.tp for t in distinct for s in t.stages)
+              <= by_key[next(iter(holders[0]))].largest_node)
     share = {c.nodes[0].name: min(min(1.0, x.num_nics / x.gpus) for x in c.nodes)
              for c in tables.classes}
     bandwidth = np.empty(tables.num_layers)
@@ -84,7 +90,7 @@ def rough_sync_s(tables: ScenarioTables, templates: Sequence[PipelineTemplate]) 
         held_by = frozenset(keys)  # a few distinct sets over all layers
         if held_by not in rings:
             nodes = [first[k] for k in keys]
-            if len(nodes) == 1:  # n holders of one class: still a ring between nodes
+            if len(nodes) == 1 and not inside:  # n holders of one class across its nodes
                 nodes = nodes * 2
             rings[held_by] = _ring(tables.scenario, nodes, share)
         bandwidth[layer], latency[layer] = rings[held_by]

@@ -1,0 +1,224 @@
+"""Plan quality: the per-type space searched whole, depth chosen through sync, pipelines
+of three GPU types, and an upper bound no plan beats."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from planner import SearchOptions, evaluate, parse_plan, parse_scenario, plan
+from planner.space_bound import space_bound
+from tests.planner.scenarios import tiny
+
+DATA = Path(__file__).resolve().parent.parent / "data"
+
+
+def _link_s(doc: dict[str, Any], gpu_type: str, size: float) -> float:
+    link = doc["cluster"]["intra_node"][gpu_type]
+    return link["latency_us"] * 1e-6 + size / (link["bandwidth_gb_per_s"] * 1e9)
+
+
+def _least_bottleneck_splits(doc: dict[str, Any], gpu_type: str, b: int, tp: int,
+                             depth: int) -> list[tuple[int, ...]]:
+    """Every split of `depth` stages inside one node that fits with 1F1B's in-flight
+    micro-batches and has the least bottleneck (stage compute plus blocking transfers,
+    section 3), worked out split by split."""
+    layers = doc["model"]["layers"]
+    kinds = doc["model"]["kinds"]
+    rows = {(r["kind"]): r for r in doc["profiles"]
+            if r["gpu_type"] == gpu_type and r["micro_batch"] == b and r["tp"] == tp}
+    capacity = (doc["gpu_types"][gpu_type]["memory_gib"] - doc["job"].get("reserved_gib", 2.0)) * 2**30
+    per_param = 2 + doc["job"].get("grad_bytes", 4) + doc["job"].get("optimizer_bytes", 12)
+    scored = []
+    for cuts in itertools.combinations(range(1, len(layers)), depth - 1):
+        bounds = (0, *cuts, len(layers))
+        out = [kinds[layers[bounds[s + 1] - 1]]["output_bytes_per_sample"] * b
+               for s in range(depth - 1)]
+        worst, fits = 0.0, True
+        for s in range(depth):
+            held = layers[bounds[s]:bounds[s + 1]]
+            around = (_link_s(doc, gpu_type, out[s - 1]) if s > 0 else 0.0) + (
+                _link_s(doc, gpu_type, out[s]) if s < depth - 1 else 0.0)
+            seconds = sum(rows[k]["forward_ms"] + rows[k]["backward_ms"] for k in held) * 1e-3
+            worst = max(worst, seconds + 2 * around)
+            state = sum(kinds[k]["params"] for k in held) / tp * per_param
+            fits = fits and state + (depth - s) * sum(rows[k]["activation_bytes"] for k in held) \
+                <= capacity
+        if fits:
+            scored.append((round(worst, 12), bounds))
+    if not scored:
+        return []
+    least = min(w for w, _ in scored)
+    return [bounds for w, bounds in scored if w == least]
+
+
+def brute_force_per_type(doc: dict[str, Any]) -> float:
+    """The best plan of homogeneous pipelines per node (one node per type here): any depth,
+    profiled tp and micro-batch size, least-bottleneck split, any number of replicas, and
+    every batch share; judged by the estimator."""
+    scenario = parse_scenario(doc)
+    batch = doc["job"]["global_batch_size"]
+    per_node: list[list[list[dict[str, Any]]]] = []
+    for node in doc["cluster"]["nodes"]:
+        options: list[list[dict[str, Any]]] = [[]]  # the node may sit idle
+        points = sorted({(r["micro_batch"], r["tp"]) for r in doc["profiles"]
+                         if r["gpu_type"] == node["gpu_type"]})
+        for b, tp in points:
+            for depth in range(1, min(len(doc["model"]["layers"]), node["gpus"] // tp) + 1):
+                for bounds in _least_bottleneck_splits(doc, node["gpu_type"], b, tp, depth):
+                    for copies in range(1, node["gpus"] // (tp * depth) + 1):
+                        pipelines = []
+                        for c in range(copies):
+                            first = c * depth * tp
+                            pipelines.append({"micro_batch_size": b, "stages": [
+                                {"gpu_type": node["gpu_type"], "tp": tp,
+                                 "gpus": [f"{node['name']}:{first + s * tp + g}" for g in range(tp)],
+                                 "layers": [bounds[s], bounds[s + 1]]} for s in range(depth)]})
+                        options.append(pipelines)
+        per_node.append(options)
+    best = 0.0
+    for combo in itertools.product(*per_node):
+        pipelines = [p for group in combo for p in group]
+        if not pipelines:
+            continue
+        sizes = [p["micro_batch_size"] for p in pipelines]
+        for shares in itertools.product(range(1, batch + 1), repeat=len(pipelines)):
+            if sum(b * m for b, m in zip(sizes, shares, strict=True)) != batch:
+                continue
+            document = {"format": "hetplan-plan/1", "pipelines": [
+                dict(p, num_micro_batches=m) for p, m in zip(pipelines, shares, strict=True)]}
+            result = evaluate(scenario, parse_plan(document))
+            if result.valid and result.samples_per_s:
+                best = max(best, result.samples_per_s)
+    return best
+
+
+@st.composite
+def two_type_scenarios(draw: st.DrawFn) -> dict[str, Any]:
+    """Two one-node GPU types, three layers, tp 1 or 2, b 1 or 2, a small batch."""
+    doc = tiny()
+    doc["model"]["layers"] = ["a", "b", "b"]
+    doc["gpu_types"] = {"G": {"memory_gib": 10}, "S": {"memory_gib": draw(st.sampled_from([2.05, 10.0]))}}
+    doc["cluster"]["nodes"] = [{"name": "g0", "gpu_type": "G", "gpus": draw(st.sampled_from([2, 3]))},
+                               {"name": "s0", "gpu_type": "S", "gpus": 2}]
+    doc["cluster"]["intra_node"]["S"] = {"bandwidth_gb_per_s": draw(st.sampled_from([5, 50])),
+                                         "latency_us": 2}
+    doc["cluster"]["inter_node"] = {"bandwidth_gb_per_s": draw(st.sampled_from([1, 10])),
+                                    "latency_us": 0}
+    slow = draw(st.sampled_from([1.5, 3.0]))
+    rows = []
+    for row in tiny()["profiles"]:
+        for gpu_type, factor in (("G", 1.0), ("S", slow)):
+            for b in (1, 2):
+                for tp in (1, 2):
+                    rows.append(dict(row, gpu_type=gpu_type, micro_batch=b, tp=tp,
+                                     forward_ms=row["forward_ms"] * factor * b * (0.6 if tp == 2 else 1),
+                                     backward_ms=row["backward_ms"] * factor * b * (0.6 if tp == 2 else 1),
+                                     activation_bytes=row["activation_bytes"] * b // tp))
+    doc["profiles"] = rows
+    doc["job"]["global_batch_size"] = draw(st.sampled_from([4, 6]))
+    return doc
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(two_type_scenarios())
+def test_per_type_baseline_reaches_a_brute_force_over_the_per_type_space(doc: dict[str, Any]) -> None:
+    expected = brute_force_per_type(doc)
+    result = plan(parse_scenario(doc), SearchOptions(time_limit_s=2))
+    found = result.baselines["per_type"]
+    assert found is not None
+    assert found >= expected * 0.995
+    # And the search never returns less than any baseline.
+    assert result.evaluation.samples_per_s is not None
+    assert result.evaluation.samples_per_s >= max(v or 0 for v in result.baselines.values()) * (1 - 1e-9)
+
+
+def deep_or_shallow() -> dict[str, Any]:
+    """Eight GPUs on four 2-GPU nodes and eight equal layers with a big gradient over a
+    slow network: shallow pipelines compute best (no transfers, no bubble), deeper ones
+    sync less since each GPU holds fewer parameters."""
+    doc = tiny()
+    doc["model"]["layers"] = ["b"] * 8
+    doc["model"]["kinds"] = {"b": {"params": 400_000_000, "output_bytes_per_sample": 1_000_000}}
+    doc["gpu_types"]["G"]["memory_gib"] = 80
+    doc["cluster"]["nodes"] = [{"name": f"n{i}", "gpu_type": "G", "gpus": 2} for i in range(4)]
+    doc["cluster"]["inter_node"] = {"bandwidth_gb_per_s": 1, "latency_us": 0}
+    doc["profiles"] = [{"gpu_type": "G", "kind": "b", "micro_batch": 1, "tp": 1,
+                        "forward_ms": 10, "backward_ms": 20, "activation_bytes": 1_000_000}]
+    doc["job"] = {"global_batch_size": 64, "grad_bytes": 4, "reserved_gib": 0}
+    return doc
+
+
+def test_a_deeper_pipeline_is_chosen_when_only_its_sync_makes_it_faster() -> None:
+    scenario = parse_scenario(deep_or_shallow())
+    result = plan(scenario, SearchOptions(time_limit_s=5))
+    chosen = result.plan.pipelines
+    # Eight one-stage replicas would compute fastest; their ring moves every GPU's whole model.
+    shallow = {"format": "hetplan-plan/1", "pipelines": [
+        {"micro_batch_size": 1, "num_micro_batches": 8, "stages": [
+            {"gpu_type": "G", "tp": 1, "gpus": [f"n{i // 2}:{i % 2}"], "layers": [0, 8]}]}
+        for i in range(8)]}
+    flat = evaluate(scenario, parse_plan(shallow))
+    assert flat.valid and flat.iteration_s is not None and flat.sync_s is not None
+    assert result.evaluation.iteration_s is not None
+    assert result.evaluation.iteration_s < flat.iteration_s
+    assert min(len(p.stages) for p in chosen) >= 2
+    pipe_s = result.evaluation.iteration_s - (result.evaluation.sync_s or 0.0)
+    assert pipe_s > flat.iteration_s - flat.sync_s  # slower pipelines: won on sync alone
+
+
+def three_types() -> dict[str, Any]:
+    """One GPU of each of three types, each with room for one layer only: the three-layer
+    model runs only as a pipeline through all three types."""
+    doc = tiny()
+    doc["model"]["layers"] = ["b", "b", "b"]
+    doc["model"]["kinds"] = {"b": {"params": 100_000_000, "output_bytes_per_sample": 1_000_000}}
+    doc["gpu_types"] = {t: {"memory_gib": 4.0} for t in ("X", "Y", "Z")}
+    doc["cluster"]["nodes"] = [{"name": t.lower(), "gpu_type": t, "gpus": 1} for t in ("X", "Y", "Z")]
+    doc["cluster"]["intra_node"] = {t: {"bandwidth_gb_per_s": 100, "latency_us": 0} for t in "XYZ"}
+    doc["profiles"] = [{"gpu_type": t, "kind": "b", "micro_batch": 1, "tp": 1, "forward_ms": f,
+                        "backward_ms": 2 * f, "activation_bytes": 10_000_000}
+                       for t, f in (("X", 1.0), ("Y", 2.0), ("Z", 3.0))]
+    doc["job"] = {"global_batch_size": 8, "reserved_gib": 2.0}
+    return doc
+
+
+def test_a_pipeline_of_three_gpu_types_wins_where_nothing_else_fits() -> None:
+    result = plan(parse_scenario(three_types()), SearchOptions(time_limit_s=5))
+    (pipeline,) = result.plan.pipelines
+    assert sorted(s.gpu_type for s in pipeline.stages) == ["X", "Y", "Z"]
+    assert result.status.value == "optimal"
+    assert result.baselines["per_type"] is None and result.baselines["homogeneous"] is None
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (DATA / "scenarios").glob("*.json")))
+def test_no_plan_beats_the_upper_bound(name: str) -> None:
+    scenario = parse_scenario(json.loads((DATA / "scenarios" / f"{name}.json").read_text()))
+    bound = space_bound(scenario)
+    assert bound is not None
+    for path in (DATA / "reference").glob(f"{name}.*.plan.json"):
+        judged = evaluate(scenario, parse_plan(json.loads(path.read_text())))
+        if judged.valid and judged.samples_per_s is not None:
+            assert judged.samples_per_s <= bound.samples_per_s
+
+
+def test_the_upper_bound_counts_sync_when_rings_must_cross_slow_links() -> None:
+    doc = deep_or_shallow()
+    doc["cluster"]["nodes"] = [{"name": f"n{i}", "gpu_type": "G", "gpus": 1} for i in range(64)]
+    doc["job"]["global_batch_size"] = 512
+    scenario = parse_scenario(doc)
+    bound = space_bound(scenario)
+    assert bound is not None
+    assert evaluate(scenario, parse_plan({"format": "hetplan-plan/1", "pipelines": [
+        {"micro_batch_size": 1, "num_micro_batches": 512, "stages": [
+            {"gpu_type": "G", "tp": 1, "gpus": ["n0:0"], "layers": [0, 8]}]}]})).samples_per_s \
+        <= bound.samples_per_s
+    # Compute alone allows 64 GPUs' worth; any ring between nodes costs at least its bytes.
+    compute_only = 64 / (8 * 30e-3)
+    assert bound.samples_per_s < compute_only * 0.999
