@@ -194,11 +194,11 @@ def evaluate(scenario: Scenario, plan: Plan) -> Evaluation:
             name: {"nics": nodes.by_name[name].num_nics, "used_gpus": used, "share": s}
             for name, (used, s) in sorted(nic_share.items()) if s < 1.0
         }
-    layer_sums: dict[tuple[str, int, int, int, int], tuple[float, float, float, float]] = {}
+    ctx = _Context(scenario=scenario, plan=plan, profiles=profiles, schedule=schedule,
+                   state_per_param=state_bytes_per_param(scenario, len(plan.pipelines)).total)
     result.pipelines = [
         (_estimate_general_pipeline if not version_1 and _needs_general_path(pipeline, schedule)
-         else _estimate_pipeline)(scenario, plan, i, first_nodes[i], profiles, schedule, sync[i],
-                                  layer_sums)
+         else _estimate_pipeline)(ctx, i, first_nodes[i], sync[i])
         for i, pipeline in enumerate(plan.pipelines)
     ]
     for p in result.pipelines:
@@ -492,21 +492,37 @@ def _by_model_chunk(
     return tuple(forward), tuple(backward), tuple(transfers[:-1])
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Context:
+    """What every pipeline's estimate reads, and the sums its replicas share."""
+
+    scenario: Scenario
+    plan: Plan
+    profiles: ProfileIndex
+    schedule: Schedule
+    state_per_param: float
+    layer_sums: dict[tuple[str, int, int, int, int], tuple[float, float, float, float]] = field(
+        default_factory=dict)
+    """(type, tp, b, start, end) -> `_range_sums`: replicas repeat the same stages."""
+
+    def range_sums(self, stage: Stage, b: int, layer_range: LayerRange
+                   ) -> tuple[float, float, float, float]:
+        key = (stage.gpu_type, stage.tp, b, *layer_range)
+        if key not in self.layer_sums:
+            self.layer_sums[key] = _range_sums(self.scenario, self.profiles, stage.gpu_type,
+                                               stage.tp, b, layer_range)
+        return self.layer_sums[key]
+
+
 def _estimate_pipeline(
-    scenario: Scenario,
-    plan: Plan,
-    index: int,
-    first_nodes: list[Node],
-    profiles: ProfileIndex,
-    schedule: Schedule,
-    sync: list[float],
-    layer_sums: dict[tuple[str, int, int, int, int], tuple[float, float, float, float]],
+    ctx: _Context, index: int, first_nodes: list[Node], sync: list[float]
 ) -> PipelineEstimate:
-    pipeline = plan.pipelines[index]
+    """Sections 3 and 4: one range per stage, 1F1B or GPipe, no recomputation."""
+    scenario, schedule, state_per_param = ctx.scenario, ctx.schedule, ctx.state_per_param
+    pipeline = ctx.plan.pipelines[index]
     model, job = scenario.model, scenario.job
     b, m = pipeline.micro_batch_size, pipeline.num_micro_batches
     num_stages = len(pipeline.stages)
-    state_per_param = state_bytes_per_param(scenario, len(plan.pipelines)).total
     ranges = [stage.layers for stage in pipeline.stages]
     transfers = [
         transfer_s(link_between(scenario, first_nodes[s], first_nodes[s + 1]),
@@ -515,11 +531,7 @@ def _estimate_pipeline(
     ]
     stages = []
     for s, stage in enumerate(pipeline.stages):
-        key = (stage.gpu_type, stage.tp, b, *ranges[s])
-        if key not in layer_sums:
-            layer_sums[key] = _range_sums(scenario, profiles, stage.gpu_type, stage.tp, b,
-                                          ranges[s])
-        forward_ms, backward_ms, activation_bytes, params = layer_sums[key]
+        forward_ms, backward_ms, activation_bytes, params = ctx.range_sums(stage, b, ranges[s])
         around_s = (transfers[s - 1] if s > 0 else 0.0) + (transfers[s] if s < len(transfers) else 0.0)
         blocking_ms = around_s * 1e3 if job.blocking_transfers else 0.0
         flight = in_flight(s, num_stages, m, schedule)
@@ -574,55 +586,34 @@ class _ChunkSums:
     """What the chunk receives per micro-batch: its first layer's predecessor's output."""
 
 
-def _chunk_sums(
-    scenario: Scenario,
-    profiles: ProfileIndex,
-    stage: Stage,
-    b: int,
-    layer_range: LayerRange,
-    layer_sums: dict[tuple[str, int, int, int, int], tuple[float, float, float, float]],
-) -> _ChunkSums:
-    start, end = layer_range
-    key = (stage.gpu_type, stage.tp, b, start, end)
-    if key not in layer_sums:
-        layer_sums[key] = _range_sums(scenario, profiles, stage.gpu_type, stage.tp, b, layer_range)
-    forward_ms, backward_ms, activation_bytes, params = layer_sums[key]
-    model = scenario.model
+def _chunk_sums(ctx: _Context, stage: Stage, b: int, layer_range: LayerRange) -> _ChunkSums:
+    forward_ms, backward_ms, activation_bytes, params = ctx.range_sums(stage, b, layer_range)
+    model, start = ctx.scenario.model, layer_range[0]
     input_bytes = model.kinds[model.layers[start - 1]].output_bytes_per_sample * b if start else 0.0
     return _ChunkSums(forward_ms=forward_ms, backward_ms=backward_ms,
                       activation_bytes=activation_bytes, params=params, input_bytes=input_bytes)
 
 
-def _local_head(
-    scenario: Scenario, profiles: ProfileIndex, schedule: Schedule, stage: Stage, s: int,
-    num_stages: int, b: int,
-) -> ProfileRow | None:
+def _local_head(ctx: _Context, stage: Stage, s: int, num_stages: int, b: int) -> ProfileRow | None:
     """The head row a stage trains through: under `local`, on every stage but the last."""
-    head = scenario.job.local_head_kind
-    if schedule is not Schedule.LOCAL or head is None or s == num_stages - 1:
+    head = ctx.scenario.job.local_head_kind
+    if ctx.schedule is not Schedule.LOCAL or head is None or s == num_stages - 1:
         return None
-    return profiles.get(stage.gpu_type, head, b, stage.tp)
+    return ctx.profiles.get(stage.gpu_type, head, b, stage.tp)
 
 
 def _estimate_general_pipeline(
-    scenario: Scenario,
-    plan: Plan,
-    index: int,
-    first_nodes: list[Node],
-    profiles: ProfileIndex,
-    schedule: Schedule,
-    sync: list[float],
-    layer_sums: dict[tuple[str, int, int, int, int], tuple[float, float, float, float]],
+    ctx: _Context, index: int, first_nodes: list[Node], sync: list[float]
 ) -> PipelineEstimate:
     """Section 6: any schedule, chunks, local heads and recomputation, per model chunk."""
-    pipeline = plan.pipelines[index]
+    scenario = ctx.scenario
+    pipeline = ctx.plan.pipelines[index]
     model, job = scenario.model, scenario.job
     b, m = pipeline.micro_batch_size, pipeline.num_micro_batches
     num_stages = len(pipeline.stages)
     num_chunks = pipeline.stages[0].num_chunks
     ranges = model_chunks(pipeline)
-    sums = [_chunk_sums(scenario, profiles, pipeline.stages[c % num_stages], b, r, layer_sums)
-            for c, r in enumerate(ranges)]
+    sums = [_chunk_sums(ctx, pipeline.stages[c % num_stages], b, r) for c, r in enumerate(ranges)]
     # Chunk c hands its output to chunk c + 1 on stage (c + 1) mod S; one stage sends nothing.
     transfers = [
         0.0 if num_stages == 1 else
@@ -631,36 +622,30 @@ def _estimate_general_pipeline(
                    model.kinds[model.layers[end - 1]].output_bytes_per_sample * b)
         for c, (_, end) in enumerate(ranges[:-1])
     ]
-    state_per_param = state_bytes_per_param(scenario, len(plan.pipelines)).total
-    stages = [
-        _general_stage(scenario, profiles, schedule, pipeline, s, sums, transfers, sync[s],
-                       state_per_param)
-        for s in range(num_stages)
-    ]
+    stages = [_general_stage(ctx, pipeline, s, sums, transfers, sync[s])
+              for s in range(num_stages)]
     estimate = PipelineEstimate(
         index=index, micro_batch_size=b, num_micro_batches=m, samples=b * m,
         num_stages=num_stages, T_p=0.0, blocking_transfers=job.blocking_transfers,
-        stages=stages, schedule=schedule.value, num_chunks=num_chunks,
+        stages=stages, schedule=ctx.schedule.value, num_chunks=num_chunks,
     )
     estimate.T_p = simulate_estimate(estimate, m)
     return estimate
 
 
 def _general_stage(
-    scenario: Scenario,
-    profiles: ProfileIndex,
-    schedule: Schedule,
+    ctx: _Context,
     pipeline: Pipeline,
     s: int,
     sums: list[_ChunkSums],
     transfers: list[float],
     sync_s: float,
-    state_per_param: float,
 ) -> StageEstimate:
+    scenario, schedule = ctx.scenario, ctx.schedule
     stage, num_stages = pipeline.stages[s], len(pipeline.stages)
     b = pipeline.micro_batch_size
     mine = list(range(s, len(sums), num_stages))  # this stage's model chunks, in chunk order
-    head = _local_head(scenario, profiles, schedule, stage, s, num_stages, b)
+    head = _local_head(ctx, stage, s, num_stages, b)
     head_ms = 0.0 if head is None else head.forward_ms + head.backward_ms
     blocking = scenario.job.blocking_transfers
     forward_ms, backward_ms, transfer_out = [], [], []
@@ -673,8 +658,7 @@ def _general_stage(
         sent_back_ms = 0.0 if schedule is Schedule.LOCAL else blocking_ms
         backward_ms.append(head_ms + recomputed_ms + sums[c].backward_ms + sent_back_ms)
         transfer_out.append(transfers[c] if c < len(transfers) else None)
-    memory = _general_memory(scenario, profiles, schedule, pipeline, s, sums, mine, head,
-                             state_per_param)
+    memory = _general_memory(ctx, pipeline, s, sums, mine, head)
     capacity = scenario.gpu_types[stage.gpu_type].memory_gib
     head_kind = scenario.job.local_head_kind if head is not None else None
     one_range = len(mine) == 1
@@ -727,30 +711,28 @@ class _StageMemory:
 
 
 def _general_memory(
-    scenario: Scenario,
-    profiles: ProfileIndex,
-    schedule: Schedule,
+    ctx: _Context,
     pipeline: Pipeline,
     s: int,
     sums: list[_ChunkSums],
     mine: list[int],
     head: ProfileRow | None,
-    state_per_param: float,
 ) -> _StageMemory:
     """Activations as the peak over the stage's own order of what its forwards hold: their
     layers' activations, or only their inputs when recomputing. Held once besides: the
     local head's activations, or when recomputing one layer's activations (the largest,
     head included) to recompute into."""
+    scenario = ctx.scenario
     stage, b = pipeline.stages[s], pipeline.micro_batch_size
     head_acts = 0.0 if head is None else head.activation_bytes
     if stage.recompute:
         held = {c: sums[c].input_bytes for c in mine}
-        once = max([head_acts, *(_largest_activation(scenario, profiles, stage, b, r)
+        once = max([head_acts, *(_largest_activation(scenario, ctx.profiles, stage, b, r)
                                  for r in stage.ranges)])
     else:
         held = {c: sums[c].activation_bytes for c in mine}
         once = head_acts
-    order = stage_operations(s, len(pipeline.stages), pipeline.num_micro_batches, schedule,
+    order = stage_operations(s, len(pipeline.stages), pipeline.num_micro_batches, ctx.schedule,
                              stage.num_chunks)
     in_flight, peak = held_peak(order, held)
     params = sum(sums[c].params for c in mine)
@@ -759,7 +741,7 @@ def _general_memory(
         assert head_kind is not None, "a head row implies a head kind"
         params += scenario.model.kinds[head_kind].params
     return _StageMemory(in_flight=in_flight, peak_bytes=peak, once_bytes=once,
-                        state_bytes=params / stage.tp * state_per_param,
+                        state_bytes=params / stage.tp * ctx.state_per_param,
                         reserved_gib=scenario.reserved_gib(stage.gpu_type))
 
 
