@@ -37,7 +37,7 @@ from planner.simulate import simulate_chunks, simulate_pipeline, stage_operation
 
 __all__ = [
     "StageEstimate", "PipelineEstimate", "Evaluation", "evaluate", "plan_schedule",
-    "simulate_estimate", "estimate_section", "dominates", "PricedRate",
+    "simulate_estimate", "estimate_section", "with_estimate", "dominates", "PricedRate",
 ]
 
 
@@ -162,6 +162,12 @@ def estimate_section(evaluation: Evaluation) -> dict[str, float]:
             "usd_per_million_tokens", "usd_per_iteration")
     values = {key: getattr(evaluation, key) for key in keys}
     return {key: value for key, value in values.items() if value is not None}
+
+
+def with_estimate(plan: Plan, evaluation: Evaluation) -> Plan:
+    """`plan` with `estimate_section(evaluation)` merged into its `estimate` section."""
+    section = {**(plan.estimate or {}), **estimate_section(evaluation)}
+    return plan if section == plan.estimate else plan.model_copy(update={"estimate": section})
 
 
 def plan_schedule(scenario: Scenario, plan: Plan) -> Schedule:
