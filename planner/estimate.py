@@ -36,7 +36,7 @@ from planner.schedules import chunk_layout_errors, held_peak, model_chunks, sche
 from planner.simulate import simulate_chunks, simulate_pipeline, stage_operations
 
 __all__ = [
-    "StageEstimate", "PipelineEstimate", "Evaluation", "evaluate", "plan_schedule",
+    "StageEstimate", "ChunkedStageEstimate", "PipelineEstimate", "Evaluation", "evaluate", "plan_schedule",
     "simulate_estimate", "estimate_section", "with_estimate", "dominates", "PricedRate",
 ]
 
@@ -69,22 +69,29 @@ class StageEstimate:
     reserved_gib: float
     capacity_gib: float
     fits: bool
-    activation_peak_bytes: float | None = None
+    activation_peak_bytes: float
     """Most bytes the forwards of the stage's layers hold at once over its operation order
     (inputs only when recomputing); a local head's activations come on top."""
     recompute: bool = False
+
+
+@dataclass(kw_only=True, slots=True)
+class ChunkedStageEstimate(StageEstimate):
+    """A stage estimated on the general path (section 6): its numbers per chunk, in the
+    stage's chunk order, with recomputation and the local head spelled out. The plain
+    path, which the search runs thousands of times, builds the leaner `StageEstimate`."""
+
+    chunks: list[list[int]]
+    chunk_forward_ms: list[float]
+    chunk_backward_ms: list[float]
+    chunk_effective_forward_ms: list[float]
+    chunk_effective_backward_ms: list[float]
+    chunk_transfer_to_next_s: list[float | None]
+    chunk_activation_bytes: list[float]
     recompute_input_bytes: list[float] | None = None
     """Per chunk: the input a recomputing stage keeps per micro-batch (0 from layer 0)."""
     recompute_max_activation_bytes: float | None = None
     """The largest layer activation (head included under local), held once to recompute."""
-    # The general path only: per chunk, in the stage's chunk order.
-    chunks: list[list[int]] | None = None
-    chunk_forward_ms: list[float] | None = None
-    chunk_backward_ms: list[float] | None = None
-    chunk_effective_forward_ms: list[float] | None = None
-    chunk_effective_backward_ms: list[float] | None = None
-    chunk_transfer_to_next_s: list[float | None] | None = None
-    chunk_activation_bytes: list[float] | None = None
     # Schedule local, every stage but the last: the auxiliary head it trains through.
     head_kind: str | None = None
     head_forward_ms: float | None = None
@@ -256,8 +263,11 @@ def _is_version_1(plan: Plan, schedule: Schedule) -> bool:
     thousands of times, checked in one pass so that it skips every section 6 rule."""
     if schedule is not Schedule.ONE_F_ONE_B and schedule is not Schedule.GPIPE:
         return False
-    return not any(stage.chunks is not None or stage.recompute
-                   for pipeline in plan.pipelines for stage in pipeline.stages)
+    for pipeline in plan.pipelines:  # loops, not any(): this runs on every search candidate
+        for stage in pipeline.stages:
+            if stage.chunks is not None or stage.recompute:
+                return False
+    return True
 
 
 def _needs_general_path(pipeline: Pipeline, schedule: Schedule) -> bool:
@@ -286,7 +296,7 @@ def _structure_errors(
     errors: list[str] = []
     num_layers = len(scenario.model.layers)
     owner: dict[str, str] = {}
-    missing: dict[tuple[str, int, int, tuple[LayerRange, ...]], list[str]] = {}
+    missing: dict[tuple[object, ...], list[str]] = {}
     total = 0
     for i, pipeline in enumerate(plan.pipelines):
         where = f"pipelines[{i}]"
@@ -301,15 +311,15 @@ def _structure_errors(
             here = f"{where}.stages[{s}]"
             errors.extend(_stage_gpu_errors(here, stage, nodes, owner))
             if not chunked:
-                start, end = layer_range = stage.layers
+                start, end = stage.single_range or stage.layers  # the field, read fast
                 if start != expected_start or end <= start or end > num_layers:
                     errors.append(f"{here}.layers: [{start}, {end}) does not continue the pipeline "
                                   f"at layer {expected_start} with a non-empty range inside [0, "
                                   f"{num_layers})")
                 expected_start = end
             # Replicas repeat the same stages: check each distinct one's profiles once.
-            key = (stage.gpu_type, stage.tp, b,
-                   (layer_range,) if not chunked else tuple(stage.ranges))
+            key = ((stage.gpu_type, stage.tp, b, start, end) if not chunked else
+                   (stage.gpu_type, stage.tp, b, *(bound for r in stage.ranges for bound in r)))
             if key not in missing:
                 missing[key] = _missing_profiles(scenario, stage, b, profiles)
             errors.extend(f"{here}: {problem}" for problem in missing[key])
@@ -430,9 +440,12 @@ def _sync_per_stage(
 def _layer_holders(pipeline: Pipeline, num_layers: int) -> list[int]:
     holder = [0] * num_layers
     for s, stage in enumerate(pipeline.stages):
-        for start, end in stage.ranges:
-            for layer in range(start, end):
-                holder[layer] = s
+        if stage.chunks is None:
+            start, end = stage.single_range or stage.layers  # the field, read fast
+            holder[start:end] = [s] * (end - start)
+            continue
+        for start, end in stage.chunks:
+            holder[start:end] = [s] * (end - start)
     return holder
 
 
@@ -469,7 +482,7 @@ def simulate_estimate(estimate: PipelineEstimate, num_micro_batches: int) -> flo
     if num_micro_batches <= 0:
         return 0.0
     stages = estimate.stages
-    if stages[0].chunk_effective_forward_ms is not None:  # the general path
+    if isinstance(stages[0], ChunkedStageEstimate):  # the general path
         forward_s, backward_s, transfers = _by_model_chunk(estimate)
         return _simulate_chunks(forward_s, backward_s, transfers, len(stages), num_micro_batches,
                                 Schedule(estimate.schedule), estimate.blocking_transfers)
@@ -489,9 +502,7 @@ def _by_model_chunk(
     num_stages = len(estimate.stages)
     for c in range(num_stages * estimate.num_chunks):
         stage, j = estimate.stages[c % num_stages], c // num_stages
-        assert stage.chunk_effective_forward_ms is not None
-        assert stage.chunk_effective_backward_ms is not None
-        assert stage.chunk_transfer_to_next_s is not None
+        assert isinstance(stage, ChunkedStageEstimate), "the general path builds every stage"
         forward.append(stage.chunk_effective_forward_ms[j] * 1e-3)
         backward.append(stage.chunk_effective_backward_ms[j] * 1e-3)
         transfers.append(stage.chunk_transfer_to_next_s[j] or 0.0)
@@ -525,11 +536,12 @@ def _estimate_pipeline(
 ) -> PipelineEstimate:
     """Sections 3 and 4: one range per stage, 1F1B or GPipe, no recomputation."""
     scenario, schedule, state_per_param = ctx.scenario, ctx.schedule, ctx.state_per_param
+    layer_sums = ctx.layer_sums  # read inline below: this path runs on every search candidate
     pipeline = ctx.plan.pipelines[index]
     model, job = scenario.model, scenario.job
     b, m = pipeline.micro_batch_size, pipeline.num_micro_batches
     num_stages = len(pipeline.stages)
-    ranges = [stage.layers for stage in pipeline.stages]
+    ranges = [stage.single_range or stage.layers for stage in pipeline.stages]  # read fast
     transfers = [
         transfer_s(link_between(scenario, first_nodes[s], first_nodes[s + 1]),
                    model.kinds[model.layers[end - 1]].output_bytes_per_sample * b)
@@ -537,7 +549,13 @@ def _estimate_pipeline(
     ]
     stages = []
     for s, stage in enumerate(pipeline.stages):
-        forward_ms, backward_ms, activation_bytes, params = ctx.range_sums(stage, b, ranges[s])
+        start, end = ranges[s]
+        key = (stage.gpu_type, stage.tp, b, start, end)
+        sums = layer_sums.get(key)
+        if sums is None:
+            sums = layer_sums[key] = _range_sums(scenario, ctx.profiles, stage.gpu_type, stage.tp,
+                                                 b, ranges[s])
+        forward_ms, backward_ms, activation_bytes, params = sums
         around_s = (transfers[s - 1] if s > 0 else 0.0) + (transfers[s] if s < len(transfers) else 0.0)
         blocking_ms = around_s * 1e3 if job.blocking_transfers else 0.0
         flight = in_flight(s, num_stages, m, schedule)
@@ -554,7 +572,7 @@ def _estimate_pipeline(
             transfer_to_next_s=transfers[s] if s < len(transfers) else None,
             sync_s=sync[s], in_flight=flight, state_bytes=state, activation_bytes=acts,
             memory_bytes=memory, memory_gib=memory / GIB, reserved_gib=reserved,
-            capacity_gib=capacity, fits=memory <= capacity * GIB,
+            capacity_gib=capacity, fits=memory <= capacity * GIB, activation_peak_bytes=acts,
         ))
     estimate = PipelineEstimate(
         index=index, micro_batch_size=b, num_micro_batches=m, samples=b * m,
@@ -628,8 +646,8 @@ def _estimate_general_pipeline(
                    model.kinds[model.layers[end - 1]].output_bytes_per_sample * b)
         for c, (_, end) in enumerate(ranges[:-1])
     ]
-    stages = [_general_stage(ctx, pipeline, s, sums, transfers, sync[s])
-              for s in range(num_stages)]
+    stages: list[StageEstimate] = [_general_stage(ctx, pipeline, s, sums, transfers, sync[s])
+                                   for s in range(num_stages)]
     estimate = PipelineEstimate(
         index=index, micro_batch_size=b, num_micro_batches=m, samples=b * m,
         num_stages=num_stages, T_p=0.0, blocking_transfers=job.blocking_transfers,
@@ -646,7 +664,7 @@ def _general_stage(
     sums: list[_ChunkSums],
     transfers: list[float],
     sync_s: float,
-) -> StageEstimate:
+) -> ChunkedStageEstimate:
     scenario, schedule = ctx.scenario, ctx.schedule
     stage, num_stages = pipeline.stages[s], len(pipeline.stages)
     b = pipeline.micro_batch_size
@@ -668,7 +686,7 @@ def _general_stage(
     capacity = scenario.gpu_types[stage.gpu_type].memory_gib
     head_kind = scenario.job.local_head_kind if head is not None else None
     one_range = len(mine) == 1
-    return StageEstimate(
+    return ChunkedStageEstimate(
         gpu_type=stage.gpu_type, tp=stage.tp, gpus=list(stage.gpus),
         layers=list(stage.ranges[0]) if one_range else None,
         forward_ms=sum(sums[c].forward_ms for c in mine),

@@ -23,7 +23,7 @@ from planner import (
     plan,
 )
 from planner.documents import dump_document
-from planner.estimate import StageEstimate, with_estimate
+from planner.estimate import ChunkedStageEstimate, StageEstimate, with_estimate
 
 __all__ = ["register", "load_document"]
 
@@ -135,7 +135,7 @@ def _print_evaluation(evaluation: Evaluation) -> None:
 
 def _stage_summary(stage: StageEstimate) -> str:
     """`A100-80G tp2 [0,12)`; chunks as `[0,6)+[12,18)`; `R` when the stage recomputes."""
-    ranges = stage.chunks or ([stage.layers] if stage.layers is not None else [])
+    ranges = stage.chunks if isinstance(stage, ChunkedStageEstimate) else [stage.layers or []]
     shown = "+".join(f"[{start},{end})" for start, end in ranges)
     return f"{stage.gpu_type} tp{stage.tp} {shown}{' R' if stage.recompute else ''}"
 
