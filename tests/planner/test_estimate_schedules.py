@@ -3,11 +3,14 @@ recomputation) and one test per validity rule it adds."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from planner import InvalidPlan, InvalidScenario, evaluate, parse_plan, parse_scenario
+from planner import InvalidPlan, InvalidScenario, estimate, evaluate, parse_plan, parse_scenario
 from planner.estimate import Evaluation
 from tests.planner.scenarios import chunked, deep, pipeline, plan, stage
 
@@ -250,3 +253,32 @@ def test_version_1_plan_serialises_without_the_new_fields() -> None:
     assert dump_document(parse_plan(doc)) == doc
     recomputing = plan(pipeline([dict(stage(["n0:0"], (0, 4)), recompute=True)]))
     assert dump_document(parse_plan(recomputing)) == recomputing
+
+
+REFERENCE = Path(__file__).parent.parent / "data" / "reference"
+VERSION_1_VECTORS = sorted(p for p in REFERENCE.glob("*.random*.plan.json")
+                           if ".interleaved." not in p.name and ".local." not in p.name)
+
+
+@pytest.mark.parametrize("plan_path", VERSION_1_VECTORS, ids=lambda p: p.name)
+def test_general_path_gives_the_plain_paths_numbers_on_version_1_plans(
+    plan_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    variant = plan_path.name.removesuffix(".plan.json").rsplit(".", 1)[0]  # NAME.VARIANT
+    scenario = parse_scenario(json.loads((REFERENCE / f"{variant}.json").read_text()))
+    parsed = parse_plan(json.loads(plan_path.read_text()))
+    plain = evaluate(scenario, parsed)
+    monkeypatch.setattr(estimate, "_is_version_1", lambda plan, schedule: False)
+    monkeypatch.setattr(estimate, "_needs_general_path", lambda pipeline, schedule: True)
+    general = evaluate(scenario, parsed)
+    assert isinstance(general.pipelines[0].stages[0], estimate.ChunkedStageEstimate)
+    assert general.iteration_s == plain.iteration_s
+    for ours, theirs in zip(general.pipelines, plain.pipelines, strict=True):
+        assert ours.T_p == theirs.T_p
+        for our_stage, their_stage in zip(ours.stages, theirs.stages, strict=True):
+            for f in dataclasses.fields(estimate.StageEstimate):
+                mine, plain_value = getattr(our_stage, f.name), getattr(their_stage, f.name)
+                if isinstance(plain_value, float):  # sums may associate differently
+                    assert mine == pytest.approx(plain_value, rel=1e-12), f.name
+                else:
+                    assert mine == plain_value, f.name
