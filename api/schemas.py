@@ -354,13 +354,18 @@ class JobIn(_In):
     """The `job` section of a scenario (COST_MODEL.md section 1)."""
 
     global_batch_size: int = Field(ge=1, le=1_000_000)
-    schedule: Literal["1f1b", "gpipe"] = "1f1b"
+    schedule: Literal["1f1b", "gpipe", "interleaved-1f1b", "local"] = Field(
+        default="1f1b", description="The default schedule of the job's plans; `local` (local "
+        "learning) changes what training computes and needs `local_head_kind`.")
     zero_stage: Literal[0, 1, 2] = 0
     param_bytes: float = Field(default=2, ge=0, le=64)
     grad_bytes: float = Field(default=4, ge=0, le=64)
     optimizer_bytes: float = Field(default=12, ge=0, le=256)
     reserved_gib: float = Field(default=2.0, ge=0, le=MAX_GIB)
     blocking_transfers: bool = True
+    local_head_kind: Name | None = Field(
+        default=None, description="Under schedule `local`: the model kind of the auxiliary "
+        "head every stage but the last trains through (profiled like a layer kind).")
 
 
 class ScenarioSource(_In):
@@ -407,6 +412,35 @@ class PlanSummary(_Out):
     wall_s: float
     iteration_s: float | None = None
     samples_per_s: float | None = None
+    usd_per_hour: float | None = Field(
+        default=None, description="Price of the GPUs the plan uses; absent when a used GPU "
+        "type has no hourly_usd.")
+
+
+class EvaluationPublic(_Out):
+    """The reference estimator's verdict on a plan (COST_MODEL.md); further fields
+    (per-pipeline and per-stage numbers, shared interfaces, bounds) come as they are."""
+
+    model_config = ConfigDict(frozen=True, extra="allow", json_schema_extra={"examples": [{
+        "valid": True, "errors": [], "warnings": [], "schedule": "1f1b",
+        "iteration_s": 1.234, "samples_per_s": 414.9, "tokens_per_s": 849715.0,
+        "usd_per_hour": 46.4, "usd_per_million_tokens": 0.01517, "usd_per_iteration": 0.0159,
+        "sync_s": 0.041, "pipelines": []}]})
+
+    valid: bool
+    errors: list[str] = Field(description="Every broken rule, naming pipeline, stage and values.")
+    warnings: list[str] = []
+    schedule: str | None = None
+    iteration_s: float | None = None
+    samples_per_s: float | None = None
+    tokens_per_s: float | None = None
+    usd_per_hour: float | None = Field(
+        default=None, description="hourly_usd summed over the distinct GPUs the plan uses (idle "
+        "ones can be handed back); null when a used GPU type has no price.")
+    usd_per_million_tokens: float | None = None
+    usd_per_iteration: float | None = None
+    sync_s: float | None = None
+    pipelines: list[dict[str, Any]] = []
 
 
 class PlanPublic(_Out):
@@ -415,7 +449,7 @@ class PlanPublic(_Out):
     status: str = Field(description="optimal, feasible or heuristic: whether it is proven.")
     wall_s: float
     plan: dict[str, Any] = Field(description="The hetplan-plan/1 document.")
-    evaluation: dict[str, Any]
+    evaluation: EvaluationPublic
     unused_gpus: dict[str, str]
     sources: dict[str, Any] = Field(
         description="What the scenario was built from: stored names and versions (model, "

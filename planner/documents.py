@@ -1,4 +1,4 @@
-"""Scenario and plan documents of COST_MODEL.md, version 1, as typed models.
+"""Scenario and plan documents of COST_MODEL.md, versions 1 and 1.1, as typed models.
 
 Parsing goes through `parse_scenario` / `parse_plan`, which turn every
 structural and cross-reference problem into one `InvalidScenario` /
@@ -12,7 +12,7 @@ import math
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from planner.errors import InvalidPlan, InvalidScenario, Problem
 
@@ -30,6 +30,7 @@ __all__ = [
     "ProfileRow",
     "Job",
     "Scenario",
+    "LayerRange",
     "Stage",
     "Pipeline",
     "Plan",
@@ -53,6 +54,11 @@ MAX_LATENCY_US = 1.0e8
 class Schedule(StrEnum):
     ONE_F_ONE_B = "1f1b"
     GPIPE = "gpipe"
+    INTERLEAVED_1F1B = "interleaved-1f1b"
+    """Megatron's interleaved 1F1B: every stage holds `v` chunks of layers (virtual stages)."""
+    LOCAL = "local"
+    """Local learning (PPLL): every stage but the last trains on its own loss through a head;
+    no gradient crosses a stage boundary, so training differs from end-to-end backprop."""
 
 
 class _Document(BaseModel):
@@ -132,6 +138,10 @@ class Job(_Document):
     optimizer_bytes: float = Field(default=12, ge=0, le=256)
     reserved_gib: float = Field(default=2.0, ge=0, le=MAX_GIB)
     blocking_transfers: bool = True
+    local_head_kind: str | None = Field(
+        default=None, min_length=1,
+        description="The kind (of model.kinds, in no position of model.layers) of the auxiliary "
+                    "head every stage but the last trains through under schedule local.")
 
 
 class Scenario(_Document):
@@ -147,11 +157,59 @@ class Scenario(_Document):
         return self.job.reserved_gib if own is None else own
 
 
+LayerRange = tuple[int, int]
+"""Half-open range of layer indices [start, end)."""
+
+
 class Stage(_Document):
+    """One stage of a pipeline. Its layers are one range (`layers`, read back as
+    `stage.layers`) or, under interleaved-1f1b, several `chunks`; `stage.ranges` gives
+    either as a list. `recompute` stages keep only each micro-batch's input and run the
+    forward again before the backward."""
+
+    model_config = ConfigDict(validate_by_name=True, validate_by_alias=True,
+                              serialize_by_alias=True)
+
     gpu_type: str
     tp: int
     gpus: list[str]
-    layers: tuple[int, int]
+    single_range: LayerRange | None = Field(default=None, alias="layers")
+    chunks: list[LayerRange] | None = Field(default=None, min_length=1)
+    recompute: bool = Field(default=False, exclude_if=lambda recompute: not recompute)
+    """Written only when true, so version-1 plans serialise as they always did."""
+
+    @model_validator(mode="after")
+    def _layers_or_chunks(self) -> Stage:
+        if (self.single_range is None) == (self.chunks is None):
+            raise ValueError("a stage has either `layers` (one range) or `chunks` (several "
+                             "ranges, interleaved-1f1b), not both and not neither")
+        return self
+
+    @property
+    def layers(self) -> LayerRange:
+        """The stage's one layer range; a stage of several chunks has none, and code that
+        reads one range per stage must not guess."""
+        if self.single_range is not None:
+            return self.single_range
+        assert self.chunks is not None, "validated: layers or chunks"
+        if len(self.chunks) == 1:
+            return self.chunks[0]
+        raise InvalidPlan([Problem(
+            path="stages[].chunks", value=[list(c) for c in self.chunks],
+            message="this stage holds several layer chunks (interleaved-1f1b) and this step "
+                    "handles one layer range per stage; use a plan without chunks here")])
+
+    @property
+    def ranges(self) -> list[LayerRange]:
+        """The stage's layer ranges: its chunks in order, or its one range."""
+        if self.chunks is not None:
+            return list(self.chunks)
+        assert self.single_range is not None, "validated: layers or chunks"
+        return [self.single_range]
+
+    @property
+    def num_chunks(self) -> int:
+        return 1 if self.chunks is None else len(self.chunks)
 
 
 class Pipeline(_Document):
@@ -214,6 +272,7 @@ def scenario_problems(scenario: Scenario) -> list[Problem]:
     return [
         *_cluster_problems(scenario),
         *_model_problems(scenario),
+        *_local_head_problems(scenario),
         *_profile_problems(scenario),
     ]
 
@@ -253,6 +312,25 @@ def _model_problems(scenario: Scenario) -> list[Problem]:
                 path=f"model.layers[{i}]", value=kind,
                 message=f"unknown layer kind; declare it in model.kinds ({sorted(model.kinds)})"))
     return problems
+
+
+def _local_head_problems(scenario: Scenario) -> list[Problem]:
+    job, model = scenario.job, scenario.model
+    head = job.local_head_kind
+    if head is None:
+        if job.schedule is Schedule.LOCAL:
+            return [Problem(path="job.local_head_kind",
+                            message="schedule 'local' trains every stage but the last through an "
+                                    "auxiliary head; name its kind (declared in model.kinds)")]
+        return []
+    if head not in model.kinds:
+        return [Problem(path="job.local_head_kind", value=head,
+                        message=f"unknown layer kind; declare it in model.kinds ({sorted(model.kinds)})")]
+    if head in model.layers:
+        return [Problem(path="job.local_head_kind", value=head,
+                        message="the head kind is also a layer of model.layers; give the head a "
+                                "kind of its own")]
+    return []
 
 
 def _profile_problems(scenario: Scenario) -> list[Problem]:

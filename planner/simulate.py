@@ -1,9 +1,16 @@
-"""Event simulation of one pipeline's schedule (COST_MODEL.md section 3).
+"""Event simulation of one pipeline's schedule (COST_MODEL.md sections 3 and 6).
 
 Each stage runs its forward and backward operations one at a time in the
 schedule's fixed order; an operation starts when its stage is free and its
 input has arrived. No closed formula is exact once stages are uneven, so the
 estimator simulates every operation.
+
+Two paths share one simulation loop. 1F1B and GPipe, which the search evaluates
+thousands of times, get their processing order in closed form
+(`_processing_order`). Every schedule, those two included, also has a general
+path: each stage's operation list (`stage_operations`) and each operation's
+input (`_input_of`), sorted into a processing order by following the
+dependencies (`_general_order`); tests check that both paths agree.
 """
 
 from __future__ import annotations
@@ -16,16 +23,35 @@ import numpy as np
 
 from planner.documents import Schedule
 
-__all__ = ["stage_order", "simulate_pipeline"]
+__all__ = [
+    "Operation",
+    "stage_order",
+    "stage_operations",
+    "simulate_pipeline",
+    "simulate_chunks",
+    "ScheduleDeadlock",
+]
 
 FORWARD, BACKWARD = 0, 1
+
+Operation = tuple[int, int, int]
+"""(model chunk, direction, micro-batch). Model chunk `c = j * S + s` is chunk `j` of
+stage `s`; with one chunk per stage it is the stage index."""
+
+
+class ScheduleDeadlock(RuntimeError):
+    """Every stage waits on an input that no stage can produce: the operation orders are
+    inconsistent. Valid plans never get here (the validity rules exclude such shapes)."""
 
 
 def stage_order(
     stage: int, num_stages: int, num_micro_batches: int, schedule: Schedule
 ) -> list[tuple[int, int]]:
-    """The (direction, micro-batch) operations of one stage, in the order it runs them."""
+    """The (direction, micro-batch) operations of one stage of one layer range, in the order
+    it runs them. Interleaved 1F1B with one chunk per stage is 1F1B."""
     m = num_micro_batches
+    if schedule is Schedule.LOCAL:
+        return [(direction, i) for i in range(m) for direction in (FORWARD, BACKWARD)]
     if schedule is Schedule.GPIPE:
         return [(FORWARD, i) for i in range(m)] + [(BACKWARD, i) for i in range(m)]
     warmup = min(num_stages - stage - 1, m)
@@ -37,6 +63,65 @@ def stage_order(
     return order
 
 
+def stage_operations(
+    stage: int, num_stages: int, num_micro_batches: int, schedule: Schedule, num_chunks: int = 1
+) -> list[Operation]:
+    """The operations of one stage in the order it runs them, for any schedule."""
+    if schedule is not Schedule.INTERLEAVED_1F1B or num_chunks == 1:
+        return [(stage, direction, i)
+                for direction, i in stage_order(stage, num_stages, num_micro_batches, schedule)]
+    return _interleaved_operations(stage, num_stages, num_micro_batches, num_chunks)
+
+
+def _interleaved_operations(stage: int, num_stages: int, m: int, v: int) -> list[Operation]:
+    """Megatron's interleaved order: forwards walk the chunks in groups of S micro-batches,
+    backwards walk them in reverse; deeper warm-up on earlier stages."""
+    if m % num_stages != 0:
+        raise ValueError(f"interleaved-1f1b needs num_micro_batches ({m}) to be a multiple of "
+                         f"the number of stages ({num_stages})")
+    s, big_s, total = stage, num_stages, m * v
+
+    def nth(k: int, direction: int) -> Operation:
+        j = (k % (big_s * v)) // big_s
+        i = (k // (big_s * v)) * big_s + k % big_s
+        chunk = j if direction == FORWARD else v - 1 - j
+        return (chunk * big_s + s, direction, i)
+
+    warmup = min((big_s - s - 1) * 2 + (v - 1) * big_s, total)
+    order = [nth(k, FORWARD) for k in range(warmup)]
+    for k in range(total - warmup):
+        order.append(nth(warmup + k, FORWARD))
+        order.append(nth(k, BACKWARD))
+    order.extend(nth(k, BACKWARD) for k in range(total - warmup, total))
+    return order
+
+
+def simulate_chunks(
+    forward_s: Sequence[float],
+    backward_s: Sequence[float],
+    transfer_s: Sequence[float],
+    num_stages: int,
+    num_micro_batches: int,
+    schedule: Schedule,
+    *,
+    blocking_transfers: bool,
+) -> float:
+    """Finish time of the last operation of a pipeline of any schedule (general path).
+
+    `forward_s[c]`/`backward_s[c]` are the durations of one operation of model chunk `c`
+    (blocking transfers, recomputation and local heads already added by the caller), so
+    `len(forward_s)` is `num_stages` times the chunks per stage; `transfer_s[c]` is the
+    transfer from chunk `c` to `c + 1`, a delay of the consumer only when transfers do not
+    block. Under `local` nothing is sent backward.
+    """
+    num_model_chunks, m = len(forward_s), num_micro_batches
+    if num_model_chunks == 0 or m <= 0:
+        return 0.0
+    order = _general_order(num_stages, m, schedule, num_model_chunks // num_stages)
+    return _run(order, *_per_kind(forward_s, backward_s, transfer_s, blocking_transfers,
+                                  sends_backward=schedule is not Schedule.LOCAL))
+
+
 def simulate_pipeline(
     forward_s: Sequence[float],
     backward_s: Sequence[float],
@@ -46,7 +131,7 @@ def simulate_pipeline(
     *,
     blocking_transfers: bool,
 ) -> float:
-    """Finish time of the last operation of a pipeline.
+    """Finish time of the last operation of a pipeline of one layer range per stage.
 
     `forward_s[s]`/`backward_s[s]` are the durations of one operation of stage
     `s` (blocking transfers already added by the caller); `transfer_s[s]` is the
@@ -56,18 +141,44 @@ def simulate_pipeline(
     num_stages, m = len(forward_s), num_micro_batches
     if num_stages == 0 or m <= 0:
         return 0.0
+    if schedule is Schedule.LOCAL:
+        return simulate_chunks(forward_s, backward_s, transfer_s, num_stages, m, schedule,
+                               blocking_transfers=blocking_transfers)
+    if schedule is Schedule.INTERLEAVED_1F1B:
+        schedule = Schedule.ONE_F_ONE_B  # one range per stage: interleaving is plain 1F1B
     order = _processing_order(num_stages, m, schedule)
-    # Per (stage, direction) = 2 * stage + direction: duration and input delay.
-    duration = [0.0] * (2 * num_stages)
-    delay = [0.0] * (2 * num_stages)
-    last = num_stages - 1
-    for s in range(num_stages):
-        duration[2 * s + FORWARD], duration[2 * s + BACKWARD] = forward_s[s], backward_s[s]
+    return _run(order, *_per_kind(forward_s, backward_s, transfer_s, blocking_transfers,
+                                  sends_backward=True))
+
+
+def _per_kind(
+    forward_s: Sequence[float],
+    backward_s: Sequence[float],
+    transfer_s: Sequence[float],
+    blocking_transfers: bool,
+    *,
+    sends_backward: bool,
+) -> tuple[list[float], list[float]]:
+    """Duration and input delay per kind 2 * chunk + direction (chunk: the stage, with one
+    range per stage). Only transfers that do not block delay their consumer."""
+    num_chunks = len(forward_s)
+    duration = [0.0] * (2 * num_chunks)
+    delay = [0.0] * (2 * num_chunks)
+    last = num_chunks - 1
+    for c in range(num_chunks):
+        duration[2 * c + FORWARD], duration[2 * c + BACKWARD] = forward_s[c], backward_s[c]
         if not blocking_transfers:
-            delay[2 * s + FORWARD] = transfer_s[s - 1] if s > 0 else 0.0
-            delay[2 * s + BACKWARD] = transfer_s[s] if s < last else 0.0
+            delay[2 * c + FORWARD] = transfer_s[c - 1] if c > 0 else 0.0
+            if sends_backward and c < last:
+                delay[2 * c + BACKWARD] = transfer_s[c]
+    return duration, delay
+
+
+def _run(order: _Order, duration: list[float], delay: list[float]) -> float:
+    """One pass over the processing order: each operation ends at max(stage free, input
+    ready) + its duration. `duration` and `delay` are indexed by the operations' kind."""
     # done[-1] stays 0.0: the "previous operation" of a stage's first one, and the
-    # "producer" of stage 0's forwards.
+    # "producer" of the first chunk's forwards.
     done = [0.0] * (order.num_ops + 1)
     for op, previous, producer, kind in zip(order.ops, order.previous, order.producer, order.kind,
                                             strict=True):
@@ -89,7 +200,7 @@ class _Order:
     previous: list[int]
     producer: list[int]
     kind: list[int]
-    """2 * stage + direction."""
+    """2 * stage + direction (2 * model chunk + direction on the general path)."""
     stage_last: list[int]
     """The last operation of every stage."""
 
@@ -135,3 +246,59 @@ def _processing_order(num_stages: int, m: int, schedule: Schedule) -> _Order:
     return _Order(num_ops=len(ids), ops=ops.tolist(), previous=previous[ops].tolist(),
                   producer=producer[ops].tolist(),
                   kind=(2 * stage + backward)[ops].tolist(), stage_last=op_at[:, -1].tolist())
+
+
+def _input_of(op: Operation, num_model_chunks: int, schedule: Schedule) -> Operation | None:
+    """The operation whose result `op` needs, or None. Forwards need the previous chunk's
+    forward; backwards need the next chunk's backward, the last chunk's its own forward, and
+    under `local` every backward only its own forward (no gradient crosses a stage)."""
+    chunk, direction, i = op
+    if direction == FORWARD:
+        return (chunk - 1, FORWARD, i) if chunk > 0 else None
+    if schedule is Schedule.LOCAL or chunk == num_model_chunks - 1:
+        return (chunk, FORWARD, i)
+    return (chunk + 1, BACKWARD, i)
+
+
+@functools.lru_cache(maxsize=64)
+def _general_order(num_stages: int, m: int, schedule: Schedule, num_chunks: int) -> _Order:
+    """A processing order found by running the stages' operation lists against their
+    dependencies: sweep the stages, advancing each while its next operation's input is
+    already placed. Operation (chunk c, direction d, micro-batch i) has id (2c + d) m + i."""
+    num_model_chunks = num_stages * num_chunks
+    lists = [stage_operations(s, num_stages, m, schedule, num_chunks) for s in range(num_stages)]
+
+    def op_id(op: Operation) -> int:
+        return (2 * op[0] + op[1]) * m + op[2]
+
+    placed = [False] * (2 * num_model_chunks * m)
+    position = [0] * num_stages
+    ops: list[int] = []
+    previous: list[int] = []
+    producer: list[int] = []
+    kind: list[int] = []
+    remaining = sum(len(ops_of_stage) for ops_of_stage in lists)
+    while remaining:
+        progressed = False
+        for s, ops_of_stage in enumerate(lists):
+            while position[s] < len(ops_of_stage):
+                op = ops_of_stage[position[s]]
+                needs = _input_of(op, num_model_chunks, schedule)
+                if needs is not None and not placed[op_id(needs)]:
+                    break
+                ops.append(op_id(op))
+                previous.append(op_id(ops_of_stage[position[s] - 1]) if position[s] else -1)
+                producer.append(-1 if needs is None else op_id(needs))
+                kind.append(2 * op[0] + op[1])
+                placed[op_id(op)] = True
+                position[s] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            waiting = [lists[s][position[s]] for s in range(num_stages)
+                       if position[s] < len(lists[s])]
+            raise ScheduleDeadlock(
+                f"{schedule.value} with {num_stages} stage(s), {num_chunks} chunk(s) each and "
+                f"{m} micro-batch(es) deadlocks: stages wait on {waiting[:4]}")
+    return _Order(num_ops=len(placed), ops=ops, previous=previous, producer=producer, kind=kind,
+                  stage_last=[op_id(ops_of_stage[-1]) for ops_of_stage in lists])

@@ -23,6 +23,7 @@ from planner import (
     plan,
 )
 from planner.documents import dump_document
+from planner.estimate import ChunkedStageEstimate, StageEstimate, with_estimate
 
 __all__ = ["register", "load_document"]
 
@@ -74,7 +75,7 @@ def plan_command(
     except PlannerError as error:
         raise _fail(error) from None
     _print_result(result)
-    _write(dump_document(result.plan), output)
+    _write(dump_document(with_estimate(result.plan, result.evaluation)), output)
 
 
 def evaluate_command(
@@ -112,11 +113,13 @@ def _print_evaluation(evaluation: Evaluation) -> None:
             console.print(f"  - {error}")
     if evaluation.iteration_s is None:
         return
-    table = Table(title="pipelines")
-    for column in ("#", "b x m", "stages (type tp [layers])", "T_p s", "max mem GiB / cap"):
+    table = Table(title=f"pipelines ({evaluation.schedule})")
+    columns = ("#", "b x m", "stages (type tp \\[layers], R: recompute)", "T_p s",
+               "max mem GiB / cap")
+    for column in columns:
         table.add_column(column)
     for p in evaluation.pipelines:
-        stages = ", ".join(f"{s.gpu_type} tp{s.tp} [{s.layers[0]},{s.layers[1]})" for s in p.stages)
+        stages = ", ".join(_stage_summary(s) for s in p.stages)
         worst = max(p.stages, key=lambda s: s.memory_gib / s.capacity_gib)
         table.add_row(str(p.index), f"{p.micro_batch_size} x {p.num_micro_batches}", stages,
                       f"{p.T_p:.3f}", f"{worst.memory_gib:.1f} / {worst.capacity_gib:g}")
@@ -125,6 +128,24 @@ def _print_evaluation(evaluation: Evaluation) -> None:
     console.print(f"iteration {evaluation.iteration_s:.4f} s (sync {evaluation.sync_s:.4f} s), "
                   f"{evaluation.samples_per_s:.2f} samples/s, {evaluation.tokens_per_s:.0f} tokens/s"
                   f"{efficiency}")
+    console.print(_price_summary(evaluation))
+    for warning in evaluation.warnings:
+        console.print(f"[yellow]warning:[/yellow] {warning}")
+
+
+def _stage_summary(stage: StageEstimate) -> str:
+    """`A100-80G tp2 [0,12)`; chunks as `[0,6)+[12,18)`; `R` when the stage recomputes."""
+    ranges = stage.chunks if isinstance(stage, ChunkedStageEstimate) else [stage.layers or []]
+    shown = "+".join(f"[{start},{end})" for start, end in ranges)
+    return f"{stage.gpu_type} tp{stage.tp} {shown}{' R' if stage.recompute else ''}"
+
+
+def _price_summary(evaluation: Evaluation) -> str:
+    if evaluation.usd_per_hour is None:
+        return "price: unknown (a GPU type the plan uses has no hourly_usd)"
+    return (f"price: ${evaluation.usd_per_hour:.2f}/hour for the GPUs used, "
+            f"${evaluation.usd_per_million_tokens:.4f} per million tokens, "
+            f"${evaluation.usd_per_iteration:.4f} per iteration")
 
 
 def _print_result(result: PlanResult) -> None:

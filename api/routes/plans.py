@@ -110,7 +110,7 @@ def export(plan_id: PlanId, store: StoreDep, _: ReadAuth,
     return module.export_plan(plan, format.value)
 
 
-@evaluate_router.post("", response_model=dict[str, Any], operation_id="evaluate_plan",
+@evaluate_router.post("", response_model=schemas.EvaluationPublic, operation_id="evaluate_plan",
                       responses=ErrorResponses.write,
                       summary="COST_MODEL.md's numbers for a plan (valid or not)")
 def evaluate(body: schemas.EvaluateRequest, store: StoreDep, _: PlanAuth) -> dict[str, Any]:

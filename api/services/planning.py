@@ -15,6 +15,7 @@ from api.services.scenarios import Assembled
 from api.settings import Settings
 from api.storage import PlanRecord, Store
 from planner.documents import dump_document
+from planner.estimate import with_estimate
 from planner.search.api import ProgressCallback
 
 __all__ = [
@@ -66,7 +67,7 @@ def solve_and_store(
         created_at=datetime.now(UTC),
         status=str(result.status),
         wall_s=float(result.wall_s),
-        document=json_safe(dump_document(result.plan)),
+        document=json_safe(dump_document(with_estimate(result.plan, result.evaluation))),
         evaluation=json_safe(result.evaluation.to_dict()),
         unused_gpus=dict(result.unused_gpus),
         sources=assembled.sources,
@@ -98,4 +99,5 @@ def plan_summary(record: PlanRecord) -> dict[str, Any]:
         "id": record.id, "created_at": record.created_at, "status": record.status,
         "wall_s": record.wall_s, "iteration_s": record.evaluation.get("iteration_s"),
         "samples_per_s": record.evaluation.get("samples_per_s"),
+        "usd_per_hour": record.evaluation.get("usd_per_hour"),
     }

@@ -76,3 +76,41 @@ def test_plan_of_a_file_that_is_not_json_says_so(tmp_path: Path) -> None:
     result = runner.invoke(app, ["plan", str(path)])
     assert result.exit_code == 2
     assert "not valid JSON/YAML" in result.output
+
+
+def test_plan_document_and_summary_carry_the_price(tmp_path: Path) -> None:
+    out = tmp_path / "plan.json"
+    result = runner.invoke(app, ["plan", str(SCENARIO), "-o", str(out), "--time-limit", "2"])
+    assert result.exit_code == 0, result.output
+    assert "/hour for the GPUs used" in result.output
+    estimate = json.loads(out.read_text())["estimate"]
+    check = json.loads(runner.invoke(app, ["evaluate", str(SCENARIO), str(out), "--json"]).stdout)
+    for key in ("usd_per_hour", "usd_per_million_tokens", "usd_per_iteration"):
+        assert estimate[key] == check[key] > 0
+
+
+def test_evaluate_json_of_an_interleaved_plan_has_its_chunks_and_price() -> None:
+    name = "a80x16-v32x16-gpt1.3b.interleaved"
+    expected = json.loads((REFERENCE / f"{name}.random2.expected.json").read_text())
+    result = runner.invoke(app, ["evaluate", str(REFERENCE / f"{name}.json"),
+                                 str(REFERENCE / f"{name}.random2.plan.json"), "--json"])
+    assert result.exit_code == 0, result.output
+    numbers = json.loads(result.stdout)
+    assert numbers["usd_per_hour"] == expected["usd_per_hour"]
+    assert numbers["pipelines"][2]["stages"][0]["chunks"] == \
+        expected["pipelines"][2]["stages"][0]["chunks"]
+
+
+def test_evaluate_summary_shows_chunks_recomputation_and_the_local_warning() -> None:
+    name = "a80x16-v32x16-gpt1.3b"
+    interleaved = runner.invoke(app, ["evaluate", str(REFERENCE / f"{name}.interleaved.json"),
+                                      str(REFERENCE / f"{name}.interleaved.random2.plan.json")],
+                                terminal_width=400)
+    assert interleaved.exit_code == 0, interleaved.output
+    assert "A100-80G tp1 [0,2)+[5,7)+[17,23)" in interleaved.output
+    assert "[3,5)+[11,17)+[24,26) R" in interleaved.output
+    local = runner.invoke(app, ["evaluate", str(REFERENCE / f"{name}.local.json"),
+                                str(REFERENCE / f"{name}.local.random1.plan.json")],
+                          terminal_width=400)
+    assert local.exit_code == 0, local.output
+    assert "not end-to-end backpropagation" in local.output

@@ -4,9 +4,11 @@ evaluation, export, and the error paths of plan requests."""
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -463,3 +465,47 @@ def test_heartbeat_keeps_a_live_runners_jobs_from_looking_lost(
         runner.beat()
         assert runner.fail_lost_jobs() == 0
         assert client.get(f"/v1/jobs/{job['id']}").json()["status"] == "running"
+
+
+def test_plan_answers_carry_the_price_of_the_gpus_used(make_client: MakeClient,
+                                                      scenario: dict[str, Any],
+                                                      plan_document: dict[str, Any]) -> None:
+    client = make_client(solver=fixed_solver(plan_document))
+    body = client.post("/v1/plans", json={"scenario": scenario}).json()
+    parsed = planner.parse_scenario(scenario)
+    used = [gpu for p in plan_document["pipelines"] for s in p["stages"] for gpu in s["gpus"]]
+    types = {n.name: n.gpu_type for n in parsed.cluster.nodes}
+    price = sum(parsed.gpu_types[types[g.rpartition(":")[0]]].hourly_usd or 0 for g in used)
+    assert body["evaluation"]["usd_per_hour"] == pytest.approx(price)
+    assert body["plan"]["estimate"]["usd_per_hour"] == pytest.approx(price)
+    assert body["plan"]["estimate"]["usd_per_million_tokens"] == \
+        body["evaluation"]["usd_per_million_tokens"]
+    assert client.get("/v1/plans").json()["data"][0]["usd_per_hour"] == pytest.approx(price)
+
+
+@pytest.mark.parametrize("variant", ["interleaved.random2", "local.random1"])
+def test_evaluate_over_http_gives_the_section_6_and_7_numbers(
+        client: TestClient, variant: str) -> None:
+    reference = Path(__file__).parent.parent / "data" / "reference"
+    name = "a80x16-v32x16-gpt1.3b"
+    scenario = json.loads((reference / f"{name}.{variant.split('.')[0]}.json").read_text())
+    plan = json.loads((reference / f"{name}.{variant}.plan.json").read_text())
+    expected = json.loads((reference / f"{name}.{variant}.expected.json").read_text())
+    body = client.post("/v1/evaluate", json={"scenario": scenario, "plan": plan}).json()
+    assert (body["valid"], body["schedule"]) == (expected["valid"], expected["schedule"])
+    for key in ("iteration_s", "usd_per_hour", "usd_per_million_tokens", "usd_per_iteration"):
+        assert body[key] == pytest.approx(expected[key], rel=1e-9), key
+    assert body["pipelines"][0]["stages"][0]["memory_bytes"] == \
+        pytest.approx(expected["pipelines"][0]["stages"][0]["memory_bytes"], rel=1e-9)
+
+
+def test_evaluate_on_stored_pieces_with_a_local_job(client: TestClient,
+                                                    scenario: dict[str, Any]) -> None:
+    reference = Path(__file__).parent.parent / "data" / "reference"
+    local = json.loads((reference / "a80x16-v32x16-gpt1.3b.local.json").read_text())
+    register_catalogue(client, local)
+    plan = json.loads((reference / "a80x16-v32x16-gpt1.3b.local.random0.plan.json").read_text())
+    response = client.post("/v1/evaluate", json={"cluster": "lab", "model": local["model"]["name"],
+                                                 "job": local["job"], "plan": plan})
+    assert response.status_code == 200, response.text
+    assert response.json()["valid"] is True and response.json()["schedule"] == "local"

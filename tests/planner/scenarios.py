@@ -58,3 +58,25 @@ def plan(*pipelines: dict[str, Any], schedule: str | None = None) -> dict[str, A
     if schedule:
         doc["schedule"] = schedule
     return copy.deepcopy(doc)
+
+
+def deep(num_layers: int, **job: Any) -> dict[str, Any]:
+    """Like `uniform` with `num_layers` layers of kind b (1 ms forward, 2 ms backward, 1e6
+    output bytes and 2e6 activation bytes per sample), and a local-learning head kind h
+    (1000 params, no output; 0.5 ms forward, 0.5 ms backward, 5e5 activation bytes) that
+    no layer uses."""
+    doc = uniform(**job)
+    doc["model"]["layers"] = ["b"] * num_layers
+    doc["model"]["kinds"]["h"] = {"params": 1000, "output_bytes_per_sample": 0}
+    doc["profiles"].append({"gpu_type": "G", "kind": "h", "micro_batch": 1, "tp": 1,
+                            "forward_ms": 0.5, "backward_ms": 0.5, "activation_bytes": 500_000})
+    return doc
+
+
+def chunked(gpus: list[str], chunks: list[tuple[int, int]], recompute: bool = False,
+            ) -> dict[str, Any]:
+    doc: dict[str, Any] = {"gpu_type": "G", "tp": 1, "gpus": gpus,
+                           "chunks": [list(c) for c in chunks]}
+    if recompute:
+        doc["recompute"] = True
+    return doc
