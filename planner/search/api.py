@@ -24,7 +24,7 @@ from typing import Any
 
 from planner.documents import Plan, Scenario
 from planner.errors import Infeasible
-from planner.estimate import Evaluation, evaluate
+from planner.estimate import Evaluation, estimate_section, evaluate
 from planner.search.allocate import Allocation, allocate, pareto, prune
 from planner.search.baselines import baseline_candidates
 from planner.search.diagnose import infeasibility_reason, no_plan_reason
@@ -410,11 +410,7 @@ def _annotate(
     baselines: dict[str, float | None],
     space: SpaceBound | None,
 ) -> Plan:
-    estimate: dict[str, Any] = {
-        "iteration_s": evaluation.iteration_s,
-        "samples_per_s": evaluation.samples_per_s,
-        "tokens_per_s": evaluation.tokens_per_s,
-    }
+    estimate: dict[str, Any] = estimate_section(evaluation)
     bound = evaluation.compute_bound_iteration_s
     search = {
         "solver": "cp-sat allocation over DP-split pipeline templates",
