@@ -14,7 +14,7 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from planner.documents import MAX_BYTES, MAX_GB_PER_S, MAX_GIB, MAX_LATENCY_US, MAX_MS
+from planner.documents import MAX_BYTES, MAX_GB_PER_S, MAX_GIB, MAX_LATENCY_US, MAX_MS, Schedule
 
 __all__ = [
     "NAME_PATTERN", "Name", "GpuTypeCreate", "GpuTypePublic", "ModelCreate", "ModelPublic", "ClusterCreate",
@@ -391,6 +391,17 @@ class PlanOptions(_In):
         default=None, gt=0, le=86_400,
         description="Solver wall-clock budget; capped by the server's max_time_limit_s.")
     exact: bool = Field(default=False, description="Prove the optimum on small scenarios.")
+    schedules: list[Schedule] | None = Field(
+        default=None, min_length=1, max_length=len(Schedule),
+        description="Schedules the plan may use (default: the job's own). 'interleaved-1f1b' "
+                    "lets the planner choose virtual stages; 'local' only for a job whose "
+                    "schedule is 'local', and alone.")
+    recompute: bool = Field(
+        default=False, description="Let stages recompute activations where that lets a plan "
+                                   "run larger micro-batches or fit at all.")
+    max_local_blocks: int | None = Field(
+        default=None, ge=1, le=1024,
+        description="Under schedule 'local': the most blocks (stages) per pipeline.")
 
 
 class PlanRequest(ScenarioSource):
@@ -398,7 +409,10 @@ class PlanRequest(ScenarioSource):
 
     model_config = ConfigDict(json_schema_extra={"examples": [
         {"cluster": "lab", "model": "gpt-tiny", "job": {"global_batch_size": 512},
-         "options": {"time_limit_s": 5}}]})
+         "options": {"time_limit_s": 5}},
+        {"cluster": "lab", "model": "gpt-tiny", "job": {"global_batch_size": 512},
+         "options": {"time_limit_s": 5, "schedules": ["1f1b", "interleaved-1f1b"],
+                     "recompute": True}}]})
 
 
 class EvaluateRequest(ScenarioSource):

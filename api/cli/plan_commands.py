@@ -22,7 +22,7 @@ from planner import (
     parse_scenario,
     plan,
 )
-from planner.documents import dump_document
+from planner.documents import Schedule, dump_document
 from planner.estimate import ChunkedStageEstimate, StageEstimate, with_estimate
 
 __all__ = ["register", "load_document"]
@@ -55,13 +55,23 @@ def plan_command(
     time_limit_s: Annotated[float, typer.Option("--time-limit", help="Search budget, s.")] = 10.0,
     server: Annotated[str | None, typer.Option(help="Plan on a hetplan server at this URL.")] = None,
     token: Annotated[str | None, typer.Option(envvar="HETPLAN_TOKEN", help="Bearer token.")] = None,
+    schedules: Annotated[str | None, typer.Option(
+        help="Schedules the plan may use, comma-separated (default: the job's own), e.g. "
+             "1f1b,interleaved-1f1b.")] = None,
+    recompute: Annotated[bool, typer.Option(
+        "--recompute", help="Let stages recompute activations where that helps.")] = False,
 ) -> None:
     """Find the best plan for a scenario and print a summary."""
     document = load_document(scenario_path)
+    chosen = _schedules(schedules)
     if server is not None:
         from api.client import HetplanClient
 
-        body = HetplanClient(server, token=token).create_plan(document, time_limit_s=time_limit_s)
+        options: dict[str, Any] = {"recompute": recompute}
+        if chosen:
+            options["schedules"] = [s.value for s in chosen]
+        body = HetplanClient(server, token=token).request_plan(
+            {"scenario": document, "options": options}, time_limit_s=time_limit_s)
         plan_doc = body.get("plan", body)
         _write(plan_doc, output)
         console.print_json(json.dumps(body.get("estimate") or plan_doc.get("estimate")))
@@ -70,12 +80,24 @@ def plan_command(
         scenario = parse_scenario(document)
         with Progress(console=console, transient=True) as bar:
             task = bar.add_task("planning", total=1.0)
-            result = plan(scenario, SearchOptions(time_limit_s=time_limit_s),
+            result = plan(scenario, SearchOptions(time_limit_s=time_limit_s, schedules=chosen,
+                                                  recompute=recompute),
                           progress=lambda f, msg: bar.update(task, completed=f, description=msg))
     except PlannerError as error:
         raise _fail(error) from None
     _print_result(result)
     _write(dump_document(with_estimate(result.plan, result.evaluation)), output)
+
+
+def _schedules(listed: str | None) -> tuple[Schedule, ...]:
+    """`--schedules` as schedules, or a clear exit naming the ones known."""
+    names = [name.strip() for name in (listed or "").split(",") if name.strip()]
+    known = [s.value for s in Schedule]
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise typer.BadParameter(f"unknown schedule(s) {unknown}; choose among {known}",
+                                 param_hint="--schedules")
+    return tuple(Schedule(name) for name in names)
 
 
 def evaluate_command(

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from planner.documents import Plan, Scenario
+from planner.documents import Plan, Scenario, Schedule
 from planner.errors import Infeasible
 from planner.estimate import Evaluation, estimate_section, evaluate
 from planner.search.allocate import Allocation, allocate, pareto, prune
@@ -32,6 +32,14 @@ from planner.search.drafts import Candidate, Draft, best_realized, draft
 from planner.search.exact import TooLargeForExact, check_size, exact_optimum
 from planner.search.polish import polish_splits
 from planner.search.refine import rebalance
+from planner.search.schedules import (
+    LOCAL_TRAINING_NOTE,
+    allowed_schedules,
+    base_scenario,
+    common_blocks,
+    schedule_variants,
+    within_block_cap,
+)
 from planner.search.tables import ScenarioTables, compile_tables
 from planner.search.templates import PipelineTemplate, generate_templates
 from planner.space_bound import SpaceBound, space_bound
@@ -70,6 +78,22 @@ class SearchOptions:
     parallel_allocations: int = 2
     """Allocation runs (pipeline caps, sync subsets) solved at once in threads; CP-SAT
     releases the GIL while it solves. The plan is the same for any value."""
+    schedules: tuple[Schedule, ...] = ()
+    """Schedules the plan may use; empty: the job's own. With `interleaved-1f1b` the search
+    tries virtual stages (2 to 4 chunks per stage) on its best plans. `local` may be given
+    only for a job whose schedule is `local`, and only alone."""
+    recompute: bool = False
+    """Let stages recompute activations (keep only each micro-batch's input) where that lets
+    a plan run larger micro-batches or fit at all."""
+    max_local_blocks: int | None = None
+    """Under `local`, the most blocks (stages) a pipeline may have: local learning loses
+    accuracy as blocks multiply, so the user sets it. None: no cap."""
+
+    def __post_init__(self) -> None:
+        if self.max_local_blocks is not None and self.max_local_blocks < 1:
+            raise ValueError(f"max_local_blocks is {self.max_local_blocks}; it must be at least "
+                             "1 (one block is plain data parallelism) or None for no cap")
+        object.__setattr__(self, "schedules", tuple(Schedule(s) for s in self.schedules))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,47 +156,88 @@ def _plan(
     started = time.monotonic()
     report = progress or (lambda fraction, message: None)
     report(0.0, "compiling cost tables")
+    allowed = allowed_schedules(scenario, options.schedules)
+    local = scenario.job.schedule is Schedule.LOCAL
     if options.exact:
+        if local:
+            raise TooLargeForExact(
+                "exact mode enumerates pipelines each with its own layer split, which schedule "
+                "'local' forbids (every pipeline shares its blocks): plan this job without "
+                "exact mode")
         check_size(scenario)  # refused before anything is built
-    tables = compile_tables(scenario)
+    # An interleaved job is searched as 1F1B (v = 1), its chunks chosen afterwards.
+    searched = base_scenario(scenario)
+    tables = compile_tables(searched)
     _check_feasible(tables)
     report(0.05, "building pipeline templates")
-    templates = generate_templates(tables, scenario.job.schedule)
-    if scenario.job.zero_stage >= 1:
+    templates = generate_templates(tables, searched.job.schedule)
+    if searched.job.zero_stage >= 1:
         # Sharded state fits deeper into memory once there are several pipelines: a second
         # pass sizes homogeneous pipelines for eight (the two-segment ones stay sized for
         # one, valid at any count; sharded copies of them changed no plan and doubled the
         # templates). Splits that memory did not bind come out the same: kept once.
         known = {t.signature for t in templates}
-        templates += [t for t in generate_templates(tables, scenario.job.schedule,
+        templates += [t for t in generate_templates(tables, searched.job.schedule,
                                                     num_pipelines_hint=8, two_segment=False)
                       if t.signature not in known]
+    max_blocks = options.max_local_blocks if local else None
+    if max_blocks is not None:
+        templates = [t for t in templates if len(t.stages) <= max_blocks]
     templates = pareto(prune(templates), [c.key for c in tables.classes], num_pipelines=8)
     # The baselines need no allocation: built and judged on the side, they take turns with
     # it for the interpreter and run while CP-SAT solves (which releases it).
     with ThreadPoolExecutor(max_workers=1) as side:
-        baselines_ready = side.submit(_judged_baselines, scenario, tables, templates)
+        baselines_ready = side.submit(_judged_baselines, searched, tables, templates)
         report(0.3, f"allocating GPUs over {len(templates)} pipeline templates")
         candidates, proven = _allocation_candidates(tables, templates, options, started, report)
         report(0.7, "building baselines")
         baselines = baselines_ready.result()
     candidates.extend(c for group in baselines.values() for c, _ in group)
+    if local:
+        # Only plans whose pipelines share their blocks are valid: give them one split.
+        candidates = common_blocks(tables, sorted(candidates, key=lambda c: c.quick_s)
+                                   [:2 * options.finalists], max_blocks)
     # The allocation is proven only within its own model (templates, caps), never globally.
     status = PlanStatus.FEASIBLE if proven else PlanStatus.HEURISTIC
     report(0.8, f"judging {min(len(candidates), options.finalists)} finalists")
-    best, evaluation, baseline_rates = _judge(scenario, candidates, baselines, options)
-    if options.exact or _small_enough(scenario):
-        best, evaluation, status = _exact(scenario, best, evaluation, status, options, started,
+    admissible = None if max_blocks is None else (
+        lambda plan_doc: within_block_cap(plan_doc, max_blocks))
+    best, evaluation, baseline_rates, runners_up = _judge(searched, candidates, baselines,
+                                                          options, admissible)
+    if not local and (options.exact or _small_enough(searched)):
+        best, evaluation, status = _exact(searched, best, evaluation, status, options, started,
                                           report)
+    if best is not None and evaluation is not None and _widened(searched, allowed, options):
+        report(0.95, "trying other schedules on the best plans")
+        bases = [(best, evaluation)] + [j for j in runners_up if j[0] is not best]
+        deadline = max(started + options.time_limit_s, time.monotonic() + 1.0)
+        varied = schedule_variants(scenario, tables, bases, allowed, recompute=options.recompute,
+                                   deadline=deadline)
+        # An interleaved job's plan must take a variant: the search planned it as 1F1B.
+        must_change = _plan_schedule(best.plan, searched) not in allowed
+        if varied is not None and (must_change or (varied[1].iteration_s or math.inf)
+                                   < (evaluation.iteration_s or math.inf)):
+            best, evaluation = varied
+            if status is PlanStatus.OPTIMAL:  # proven among the searched schedule's plans only
+                status = PlanStatus.HEURISTIC
     if best is None or evaluation is None:
         raise Infeasible(no_plan_reason(tables))
     wall_s = time.monotonic() - started
     unused = _unused_gpus(tables, best.plan)
     document = _annotate(best, evaluation, status, wall_s, unused, baseline_rates,
-                         space_bound(scenario))
+                         space_bound(searched), training=LOCAL_TRAINING_NOTE if local else None)
     report(1.0, "done")
     return PlanResult(plan=document, evaluation=evaluation, status=status, wall_s=wall_s,
                       unused_gpus=unused, baselines=baseline_rates)
+
+
+def _plan_schedule(plan_doc: Plan, scenario: Scenario) -> Schedule:
+    return plan_doc.schedule or scenario.job.schedule
+
+
+def _widened(scenario: Scenario, allowed: tuple[Schedule, ...], options: SearchOptions) -> bool:
+    """Whether the plan may use more than the searched schedule, or recomputation."""
+    return options.recompute or allowed != (scenario.job.schedule,)
 
 
 def _small_enough(scenario: Scenario) -> bool:
@@ -348,7 +413,11 @@ def _judge(
     candidates: list[Candidate],
     baselines: dict[str, Judged],
     options: SearchOptions,
-) -> tuple[Candidate | None, Evaluation | None, dict[str, float | None]]:
+    admissible: Callable[[Plan], bool] | None = None,
+) -> tuple[Candidate | None, Evaluation | None, dict[str, float | None],
+           list[tuple[Candidate, Evaluation]]]:
+    """The best valid plan (its batch shares and split then refined), each baseline's rate,
+    and the runners-up, best first. `admissible` rules plans out beyond validity."""
     known = {id(c): e for group in baselines.values() for c, e in group if e is not None}
     finalists = _judge_group(scenario, candidates, options.finalists, known)
     valid: list[tuple[float, Candidate, Evaluation]] = []
@@ -357,7 +426,8 @@ def _judge(
         if evaluation is None or id(candidate) in seen:
             continue
         seen.add(id(candidate))
-        if evaluation.valid and evaluation.iteration_s is not None:
+        if evaluation.valid and evaluation.iteration_s is not None and (
+                admissible is None or admissible(candidate.plan)):
             valid.append((evaluation.iteration_s, candidate, evaluation))
     valid.sort(key=lambda v: v[0])
     for _, candidate, evaluation in valid[:REFINED]:
@@ -385,7 +455,8 @@ def _judge(
         values = [e.samples_per_s for c, _ in group
                   if (e := known.get(id(c))) is not None and e.valid and e.samples_per_s is not None]
         rates[name] = max(values, default=None)
-    return best, best_eval, rates
+    valid.sort(key=lambda v: v[0])
+    return best, best_eval, rates, [(c, e) for _, c, e in valid]
 
 
 def _unused_gpus(tables: ScenarioTables, plan_doc: Plan) -> dict[str, str]:
@@ -409,6 +480,8 @@ def _annotate(
     unused: dict[str, str],
     baselines: dict[str, float | None],
     space: SpaceBound | None,
+    *,
+    training: str | None = None,
 ) -> Plan:
     estimate: dict[str, Any] = estimate_section(evaluation)
     bound = evaluation.compute_bound_iteration_s
@@ -428,4 +501,6 @@ def _annotate(
         "gap_to_upper_bound": None if space is None or evaluation.samples_per_s is None
         else 1.0 - evaluation.samples_per_s / space.samples_per_s,
     }
+    if training is not None:
+        search["training"] = training  # what the plan's schedule trains, when not end to end
     return best.plan.model_copy(update={"estimate": estimate, "search": search})

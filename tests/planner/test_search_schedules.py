@@ -1,0 +1,162 @@
+"""The search with schedules beyond the job's: interleaving, recomputation, local learning."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from planner import SearchOptions, evaluate, parse_scenario, plan
+from planner.documents import Plan, Schedule
+from planner.errors import InvalidScenario
+from planner.search import api as search_api
+from planner.search.exact import TooLargeForExact
+from planner.search.schedules import LOCAL_TRAINING_NOTE
+from tests.planner.scenarios import deep
+
+SCENARIOS = Path(__file__).parents[1] / "data" / "scenarios"
+QUICK = 3.0  # seconds: these scenarios are small
+
+
+def memory_bound_deep(num_layers: int, **job: Any) -> dict[str, Any]:
+    """`deep` with 2e8 parameters per layer: at 18 bytes of state per parameter a 10 GiB GPU
+    holds two layers, so 16 layers need a pipeline of 8 stages on the 8 GPUs."""
+    doc = deep(num_layers, **job)
+    doc["model"]["kinds"]["b"]["params"] = 200_000_000
+    return doc
+
+
+def two_types(num_layers: int, **job: Any) -> dict[str, Any]:
+    """`deep` on one node of G and one of H, H twice as fast for every kind."""
+    doc = deep(num_layers, **job)
+    doc["gpu_types"]["H"] = {"memory_gib": 10}
+    doc["cluster"]["nodes"][1]["gpu_type"] = "H"
+    doc["cluster"]["intra_node"]["H"] = doc["cluster"]["intra_node"]["G"]
+    doc["profiles"] += [dict(row, gpu_type="H", forward_ms=row["forward_ms"] / 2,
+                             backward_ms=row["backward_ms"] / 2) for row in doc["profiles"]]
+    return doc
+
+
+def chunk_counts(plan_doc: Plan) -> set[int]:
+    return {stage.num_chunks for p in plan_doc.pipelines for stage in p.stages}
+
+
+def test_interleaving_wins_on_a_deep_pipeline_with_few_micro_batches() -> None:
+    scenario = parse_scenario(memory_bound_deep(16, global_batch_size=8))
+    plain = plan(scenario, SearchOptions(time_limit_s=QUICK))
+    assert [len(p.stages) for p in plain.plan.pipelines] == [8]  # memory allows no less
+    allowed = plan(scenario, SearchOptions(
+        time_limit_s=QUICK, schedules=(Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B)))
+    assert allowed.plan.schedule is Schedule.INTERLEAVED_1F1B
+    assert max(chunk_counts(allowed.plan)) >= 2
+    # Judged again from the document alone: valid, and faster than the 1F1B plan.
+    again = evaluate(scenario, allowed.plan)
+    assert again.valid, again.errors
+    assert again.iteration_s == pytest.approx(allowed.evaluation.iteration_s)
+    assert again.iteration_s < plain.evaluation.iteration_s * 0.9
+
+
+def test_an_interleaved_job_gets_a_valid_interleaved_plan() -> None:
+    scenario = parse_scenario(memory_bound_deep(16, global_batch_size=8,
+                                                schedule="interleaved-1f1b"))
+    result = plan(scenario, SearchOptions(time_limit_s=QUICK))
+    assert result.plan.schedule is Schedule.INTERLEAVED_1F1B
+    assert evaluate(scenario, result.plan).valid
+
+
+def recompute_tight(**job: Any) -> dict[str, Any]:
+    """`deep(2)` profiled at micro-batch 4 too: 1.5x the time of micro-batch 1 (2.7x the
+    samples per second) but 6e9 activation bytes per layer, so that a stage holding both
+    layers, or one layer for two micro-batches in flight, overflows 10 GiB unless it
+    recomputes (then it keeps one layer's activations and the inputs)."""
+    doc = deep(2, **job)
+    doc["profiles"].append({"gpu_type": "G", "kind": "b", "micro_batch": 4, "tp": 1,
+                            "forward_ms": 1.5, "backward_ms": 3.0,
+                            "activation_bytes": 6_000_000_000})
+    doc["profiles"].append({"gpu_type": "G", "kind": "h", "micro_batch": 4, "tp": 1,
+                            "forward_ms": 0.5, "backward_ms": 0.5, "activation_bytes": 500_000})
+    return doc
+
+
+def test_recomputation_wins_when_it_lets_micro_batches_grow() -> None:
+    scenario = parse_scenario(recompute_tight(global_batch_size=32))
+    plain = plan(scenario, SearchOptions(time_limit_s=QUICK))
+    assert {p.micro_batch_size for p in plain.plan.pipelines} == {1}  # b = 4 fits nowhere
+    allowed = plan(scenario, SearchOptions(time_limit_s=QUICK, recompute=True))
+    recomputing = [s for p in allowed.plan.pipelines for s in p.stages if s.recompute]
+    assert recomputing
+    assert {p.micro_batch_size for p in allowed.plan.pipelines} == {4}
+    again = evaluate(scenario, allowed.plan)
+    assert again.valid, again.errors
+    assert again.iteration_s < plain.evaluation.iteration_s * 0.8
+    # Without recomputation the same plan overflows memory.
+    plain_stages = Plan.model_validate(json.loads(allowed.plan.model_dump_json().replace(
+        '"recompute":true', '"recompute":false')))
+    assert not evaluate(scenario, plain_stages).valid
+
+
+@pytest.mark.parametrize("max_blocks", [1, 2, 3, None])
+def test_local_plans_share_their_blocks_and_respect_the_block_cap(max_blocks: int | None) -> None:
+    scenario = parse_scenario(two_types(8, global_batch_size=16, schedule="local",
+                                        local_head_kind="h"))
+    result = plan(scenario, SearchOptions(time_limit_s=QUICK, max_local_blocks=max_blocks))
+    pipelines = result.plan.pipelines
+    blocks = {tuple(s.layers for s in p.stages) for p in pipelines}
+    assert len(blocks) == 1
+    assert max_blocks is None or len(pipelines[0].stages) <= max_blocks
+    assert result.plan.schedule is Schedule.LOCAL
+    assert result.plan.search["training"] == LOCAL_TRAINING_NOTE  # type: ignore[attr-defined]
+    assert evaluate(scenario, result.plan).valid
+
+
+def test_local_blocks_are_shared_where_the_fastest_types_would_split_differently() -> None:
+    """Memory-bound layers on two speeds: each type alone would cut elsewhere; the plan
+    keeps one cut for both and stays valid."""
+    doc = two_types(16, global_batch_size=8, schedule="local", local_head_kind="h")
+    doc["model"]["kinds"]["b"]["params"] = 200_000_000
+    scenario = parse_scenario(doc)
+    result = plan(scenario, SearchOptions(time_limit_s=QUICK))
+    assert len({tuple(s.layers for s in p.stages) for p in result.plan.pipelines}) == 1
+    assert evaluate(scenario, result.plan).valid
+
+
+def test_local_in_the_options_of_a_job_that_is_not_local_is_refused() -> None:
+    scenario = parse_scenario(deep(4, global_batch_size=8, local_head_kind="h"))
+    with pytest.raises(InvalidScenario, match="only a job whose schedule is 'local'"):
+        plan(scenario, SearchOptions(schedules=(Schedule.LOCAL,)))
+
+
+def test_end_to_end_schedules_for_a_local_job_are_refused() -> None:
+    scenario = parse_scenario(deep(4, global_batch_size=8, schedule="local",
+                                   local_head_kind="h"))
+    with pytest.raises(InvalidScenario, match="allow only 'local'"):
+        plan(scenario, SearchOptions(schedules=(Schedule.LOCAL, Schedule.ONE_F_ONE_B)))
+
+
+def test_exact_mode_refuses_a_local_job() -> None:
+    scenario = parse_scenario(deep(4, global_batch_size=8, schedule="local",
+                                   local_head_kind="h"))
+    with pytest.raises(TooLargeForExact, match="'local'"):
+        plan(scenario, SearchOptions(exact=True))
+
+
+def test_a_block_cap_below_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="max_local_blocks is 0"):
+        SearchOptions(max_local_blocks=0)
+
+
+def test_naming_the_jobs_own_schedule_leaves_the_plan_unchanged(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The default search never builds variants: 1F1B plans are the search's own."""
+    def no_variants(*args: object, **kwargs: object) -> None:
+        raise AssertionError("schedule variants built for a search that allows none")
+
+    monkeypatch.setattr(search_api, "schedule_variants", no_variants)
+    scenario = parse_scenario(json.loads((SCENARIOS / "a80x16-v32x16-gpt1.3b.json").read_text()))
+    default = plan(scenario, SearchOptions(time_limit_s=QUICK))
+    named = plan(scenario, SearchOptions(time_limit_s=QUICK, schedules=(Schedule.ONE_F_ONE_B,)))
+    assert named.plan.pipelines == default.plan.pipelines
+    assert named.plan.schedule == default.plan.schedule
