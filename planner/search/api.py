@@ -53,6 +53,9 @@ EXACT_SHARE = 0.8
 """Share of the time limit the default search gives exact enumeration on small scenarios."""
 QUICK_SLACK = 1.1
 """Finalists whose quick estimate exceeds the best simulated time by more are not judged."""
+VARIANT_SHARE = 0.25
+"""Share of the search's time so far that building and judging schedule variants may add."""
+VARIANT_MIN_S = 0.2
 
 ProgressCallback = Callable[[float, str], None]
 """Called with (fraction done in [0, 1], what the search is doing)."""
@@ -210,7 +213,11 @@ def _plan(
     if best is not None and evaluation is not None and _widened(searched, allowed, options):
         report(0.95, "trying other schedules on the best plans")
         bases = [(best, evaluation)] + [j for j in runners_up if j[0] is not best]
-        deadline = max(started + options.time_limit_s, time.monotonic() + 1.0)
+        # Variants are judged one full evaluation each: they get a share of the time the
+        # search took, so allowing schedules costs planning time in proportion.
+        now = time.monotonic()
+        deadline = min(started + options.time_limit_s,
+                       now + max(VARIANT_MIN_S, VARIANT_SHARE * (now - started)))
         varied = schedule_variants(scenario, tables, bases, allowed, recompute=options.recompute,
                                    deadline=deadline)
         # An interleaved job's plan must take a variant: the search planned it as 1F1B.

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from planner.costs import state_bytes_per_param
+from planner.costs import ProfileIndex, state_bytes_per_param
 from planner.documents import Pipeline, Plan, Scenario, Schedule, Stage
 from planner.errors import InvalidScenario, Problem
 from planner.estimate import Evaluation, evaluate
@@ -113,6 +113,16 @@ def common_blocks(
     return out
 
 
+def _head_s(tables: ScenarioTables, key: tuple[str, int, int]) -> float | None:
+    """Seconds of the local head's forward and backward at a (gpu_type, b, tp) point, None
+    where it is not profiled (the stage cannot train through it)."""
+    head = tables.scenario.job.local_head_kind
+    if head is None:
+        return 0.0
+    row = ProfileIndex(tables.scenario.profiles).get(key[0], head, key[1], key[2])
+    return None if row is None else (row.forward_ms + row.backward_ms) * 1e-3
+
+
 def _bounds(pipeline: Pipeline) -> list[int]:
     return [s.layers[0] for s in pipeline.stages] + [pipeline.stages[-1].layers[1]]
 
@@ -142,9 +152,10 @@ def _common_split(tables: ScenarioTables, plan: Plan) -> list[int] | None:
     for points, m in shapes.items():
         for s, key in enumerate(points):
             point = tables.points.get(key)
-            if point is None:
+            head_s = 0.0 if s == depth - 1 else _head_s(tables, key)
+            if point is None or head_s is None:
                 return None
-            time_s = m * (point.compute_s[None, :] - point.compute_s[:, None])
+            time_s = m * (point.compute_s[None, :] - point.compute_s[:, None] + head_s)
             acts = point.activation_bytes[None, :] - point.activation_bytes[:, None]
             state = (tables.params[None, :] - tables.params[:, None]) / key[2] * per_param
             fits = acts + state <= tables.capacity_bytes[key[0]]
@@ -207,7 +218,12 @@ def schedule_variants(
             best = judged
         return judged
 
-    for candidate, _ in bases[:VARIANT_BASES]:
+    for candidate, known in bases[:VARIANT_BASES]:
+        seen.add(candidate.plan.model_dump_json())
+        if (candidate.plan.schedule or scenario.job.schedule) in allowed and known.valid and (
+                best is None or (known.iteration_s or math.inf)
+                < (best[1].iteration_s or math.inf)):
+            best = (candidate, known)
         for plan, origin in _variants(tables, candidate, allowed, recompute):
             if time.monotonic() > deadline:
                 return best
@@ -220,27 +236,38 @@ def _variants(
 ) -> Iterator[tuple[Plan, str]]:
     """Plans to judge, from one base: cheap ones first."""
     plan = candidate.plan
-    plain = [s for s in allowed if s is not Schedule.INTERLEAVED_1F1B]
+    plain: list[Schedule] = [s for s in allowed if s is not Schedule.INTERLEAVED_1F1B]
     interleave = Schedule.INTERLEAVED_1F1B in allowed
-    # The base under each allowed schedule (v = 1 pipelines are valid interleaved ones).
-    for schedule in (*plain, *([Schedule.INTERLEAVED_1F1B] if interleave else [])):
+    # The base under another allowed schedule; under interleaved-1f1b with v = 1 it runs
+    # as 1F1B: worth judging only when the base's own schedule is not allowed.
+    own = plan.schedule
+    others: list[Schedule] = [s for s in plain if s is not own]
+    if own not in allowed and interleave:
+        others.append(Schedule.INTERLEAVED_1F1B)
+    for schedule in others:
         yield plan.model_copy(update={"schedule": schedule}), _said(candidate.origin, schedule)
-    grown = [(plan, candidate.origin)]
-    if recompute:
-        for factor in MICRO_BATCH_FACTORS:
-            larger = _larger_micro_batches(tables, plan, factor)
-            if larger is not None:
-                origin = f"{candidate.origin}, micro-batches x{factor} with recomputation"
-                grown.append((larger, origin))
-                for schedule in plain:
-                    yield larger.model_copy(update={"schedule": schedule}), origin
-    if not interleave:
+    if interleave:
+        yield from _interleavings(tables, plan, candidate.origin)
+    if not recompute:
         return
-    for base, origin in grown:
-        for v in range(2, MAX_VIRTUAL_STAGES + 1):
-            interleaved = _interleaved(tables, base, v)
-            if interleaved is not None:
-                yield interleaved, f"{origin}, interleaved with {v} chunks per stage"
+    # Under interleaved-1f1b alone, a plan of v = 1 pipelines is judged as one.
+    as_schedules: list[Schedule] = plain or [Schedule.INTERLEAVED_1F1B]
+    for factor in MICRO_BATCH_FACTORS:
+        larger = _larger_micro_batches(tables, plan, factor)
+        if larger is None:
+            continue
+        origin = f"{candidate.origin}, micro-batches x{factor} with recomputation"
+        for schedule in as_schedules:
+            yield larger.model_copy(update={"schedule": schedule}), origin
+        if interleave:
+            yield from _interleavings(tables, larger, origin)
+
+
+def _interleavings(tables: ScenarioTables, plan: Plan, origin: str) -> Iterator[tuple[Plan, str]]:
+    for v in range(2, MAX_VIRTUAL_STAGES + 1):
+        interleaved = _interleaved(tables, plan, v)
+        if interleaved is not None:
+            yield interleaved, f"{origin}, interleaved with {v} chunks per stage"
 
 
 def _said(origin: str, schedule: Schedule) -> str:
