@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +13,10 @@ from planner import SearchOptions, evaluate, parse_scenario, plan
 from planner.documents import Plan, Schedule
 from planner.errors import InvalidScenario
 from planner.search import api as search_api
+from planner.search.drafts import Candidate
 from planner.search.exact import TooLargeForExact
-from planner.search.schedules import LOCAL_TRAINING_NOTE
+from planner.search.schedules import LOCAL_TRAINING_NOTE, common_blocks, schedule_variants
+from planner.search.tables import compile_tables
 from tests.planner.scenarios import deep
 
 SCENARIOS = Path(__file__).parents[1] / "data" / "scenarios"
@@ -160,3 +163,52 @@ def test_naming_the_jobs_own_schedule_leaves_the_plan_unchanged(
     named = plan(scenario, SearchOptions(time_limit_s=QUICK, schedules=(Schedule.ONE_F_ONE_B,)))
     assert named.plan.pipelines == default.plan.pipelines
     assert named.plan.schedule == default.plan.schedule
+
+
+def test_common_blocks_cut_where_the_slowest_pipeline_balances_with_its_head() -> None:
+    """Two 2-stage pipelines, one on G and one on H (twice as fast), 8 layers of 3 ms per
+    micro-batch on G, 2 micro-batches each. The slowest stage over both pipelines is G's:
+    with n layers on stage 0 it takes 2 * (3n + 1) ms (the head's 1 ms counted), stage 1
+    2 * 3 * (8 - n) ms: n = 4 gives max(26, 24), n = 3 gives max(20, 30), so [0, 4, 8]
+    although each pipeline's own split was different."""
+    scenario = parse_scenario(two_types(8, global_batch_size=4, schedule="local",
+                                        local_head_kind="h"))
+
+    def pipeline(gpu_type: str, node: str, cut: int) -> dict[str, Any]:
+        return {"micro_batch_size": 1, "num_micro_batches": 2, "stages": [
+            {"gpu_type": gpu_type, "tp": 1, "gpus": [f"{node}:0"], "layers": [0, cut]},
+            {"gpu_type": gpu_type, "tp": 1, "gpus": [f"{node}:1"], "layers": [cut, 8]}]}
+
+    uneven = Plan.model_validate({"format": "hetplan-plan/1", "schedule": "local", "pipelines": [
+        pipeline("G", "n0", 2), pipeline("H", "n1", 6)]})
+    assert not evaluate(scenario, uneven).valid  # the blocks differ
+    [shared] = common_blocks(compile_tables(scenario),
+                             [Candidate.of(uneven, quick_s=1.0, origin="hand-made")], None)
+    assert [[s.layers for s in p.stages] for p in shared.plan.pipelines] == [
+        [(0, 4), (4, 8)], [(0, 4), (4, 8)]]
+    assert evaluate(scenario, shared.plan).valid
+    assert common_blocks(compile_tables(scenario),
+                         [Candidate.of(uneven, quick_s=1.0, origin="hand-made")], 1) == []
+
+
+def test_interleaving_lays_out_each_stages_chunks_in_model_order() -> None:
+    """Two stages of 4 uniform layers each, v = 2: chunk j of stage s is model chunk
+    2j + s, two layers each, so stage 0 holds [0, 2) and [4, 6)."""
+    scenario = parse_scenario(deep(8, global_batch_size=2))
+    base = Plan.model_validate({"format": "hetplan-plan/1", "schedule": "1f1b", "pipelines": [{
+        "micro_batch_size": 1, "num_micro_batches": 2, "stages": [
+            {"gpu_type": "G", "tp": 1, "gpus": ["n0:0"], "layers": [0, 4]},
+            {"gpu_type": "G", "tp": 1, "gpus": ["n0:1"], "layers": [4, 8]}]}]})
+    found = schedule_variants(
+        scenario, compile_tables(scenario),
+        [(Candidate.of(base, quick_s=1.0, origin="hand-made"), evaluate(scenario, base))],
+        (Schedule.INTERLEAVED_1F1B,), recompute=False, deadline=math.inf)
+    assert found is not None
+    [pipeline] = found[0].plan.pipelines
+    v = pipeline.stages[0].num_chunks
+    size = 4 // v  # layers per chunk
+    assert v >= 2 and found[1].iteration_s < evaluate(scenario, base).iteration_s
+    for s, stage in enumerate(pipeline.stages):
+        starts = [(j * 2 + s) * size for j in range(v)]
+        assert stage.ranges == [(a, a + size) for a in starts]
+    assert found[1].valid
