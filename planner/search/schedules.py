@@ -248,19 +248,30 @@ def _variants(
         yield plan.model_copy(update={"schedule": schedule}), _said(candidate.origin, schedule)
     if interleave:
         yield from _interleavings(tables, plan, candidate.origin)
-    if not recompute:
-        return
+    if recompute:
+        yield from _recomputing(tables, plan, candidate.origin, plain, interleave)
+    rounded = _micro_batches_for_interleaving(plan) if interleave else None
+    if rounded is not None:
+        yield from _interleavings(
+            tables, rounded, f"{candidate.origin}, micro-batches rounded to the depth")
+
+
+def _recomputing(
+    tables: ScenarioTables, plan: Plan, origin: str, plain: list[Schedule], interleave: bool
+) -> Iterator[tuple[Plan, str]]:
+    """The plan with larger micro-batches (recomputation set where memory then runs out,
+    when judged), under each allowed schedule and interleaved."""
     # Under interleaved-1f1b alone, a plan of v = 1 pipelines is judged as one.
     as_schedules: list[Schedule] = plain or [Schedule.INTERLEAVED_1F1B]
     for factor in MICRO_BATCH_FACTORS:
         larger = _larger_micro_batches(tables, plan, factor)
         if larger is None:
             continue
-        origin = f"{candidate.origin}, micro-batches x{factor} with recomputation"
+        said = f"{origin}, micro-batches x{factor} with recomputation"
         for schedule in as_schedules:
-            yield larger.model_copy(update={"schedule": schedule}), origin
+            yield larger.model_copy(update={"schedule": schedule}), said
         if interleave:
-            yield from _interleavings(tables, larger, origin)
+            yield from _interleavings(tables, larger, said)
 
 
 def _interleavings(tables: ScenarioTables, plan: Plan, origin: str) -> Iterator[tuple[Plan, str]]:
@@ -290,6 +301,33 @@ def _recompute_where_full(plan: Plan, evaluation: Evaluation) -> Plan | None:
             stage.model_copy(update={"recompute": True}) if (i, s) in full else stage
             for s, stage in enumerate(pipeline.stages)]})
         for i, pipeline in enumerate(plan.pipelines)]})
+
+
+def _micro_batches_for_interleaving(plan: Plan) -> Plan | None:
+    """The plan with every pipeline of two stages or more running a multiple of its depth
+    in micro-batches (the nearest, at least the depth), so that it may interleave; the
+    shallowest pipeline (fewest stages, then most micro-batches: its bubble weighs least)
+    takes the samples the others gave up or gained, keeping one chunk if it must. None when
+    nothing changes or the samples do not come out even."""
+    pipelines = plan.pipelines
+    sink = min(range(len(pipelines)),
+               key=lambda i: (len(pipelines[i].stages), -pipelines[i].num_micro_batches))
+    counts = [p.num_micro_batches for p in pipelines]
+    freed = 0  # samples taken from the others, for the sink
+    for i, pipeline in enumerate(pipelines):
+        depth, m = len(pipeline.stages), pipeline.num_micro_batches
+        if i == sink or depth < 2 or m % depth == 0:
+            continue
+        down = m - m % depth
+        counts[i] = down if down and 2 * (m % depth) < depth else down + depth
+        freed += (m - counts[i]) * pipeline.micro_batch_size
+    b = pipelines[sink].micro_batch_size
+    if freed == 0 or freed % b or counts[sink] + freed // b < 1:
+        return None
+    counts[sink] += freed // b
+    return plan.model_copy(update={"pipelines": [
+        p.model_copy(update={"num_micro_batches": m}) if m != p.num_micro_batches else p
+        for p, m in zip(pipelines, counts, strict=True)]})
 
 
 def _larger_micro_batches(tables: ScenarioTables, plan: Plan, factor: int) -> Plan | None:

@@ -15,7 +15,12 @@ from planner.errors import InvalidScenario
 from planner.search import api as search_api
 from planner.search.drafts import Candidate
 from planner.search.exact import TooLargeForExact
-from planner.search.schedules import LOCAL_TRAINING_NOTE, common_blocks, schedule_variants
+from planner.search.schedules import (
+    LOCAL_TRAINING_NOTE,
+    _micro_batches_for_interleaving,
+    common_blocks,
+    schedule_variants,
+)
 from planner.search.tables import compile_tables
 from tests.planner.scenarios import deep
 
@@ -212,3 +217,22 @@ def test_interleaving_lays_out_each_stages_chunks_in_model_order() -> None:
         starts = [(j * 2 + s) * size for j in range(v)]
         assert stage.ranges == [(a, a + size) for a in starts]
     assert found[1].valid
+
+
+def test_micro_batches_round_to_the_depth_and_the_shallowest_pipeline_takes_the_rest() -> None:
+    """A 4-stage pipeline of 7 micro-batches rounds to 8 (3 of 4 past the lower multiple);
+    the 2-stage one, shallowest, gives up the sample: 5 - 1 = 4. The batch stays 12."""
+    def pipeline(node: str, depth: int, m: int) -> dict[str, Any]:
+        return {"micro_batch_size": 1, "num_micro_batches": m, "stages": [
+            {"gpu_type": "G", "tp": 1, "gpus": [f"{node}:{s}"], "layers": [s, s + 1]}
+            for s in range(depth)]}
+
+    plan_doc = Plan.model_validate({"format": "hetplan-plan/1", "pipelines": [
+        pipeline("n0", 4, 7), pipeline("n1", 2, 5)]})
+    rounded = _micro_batches_for_interleaving(plan_doc)
+    assert rounded is not None
+    assert [p.num_micro_batches for p in rounded.pipelines] == [8, 4]
+    already = plan_doc.model_copy(update={"pipelines": [
+        plan_doc.pipelines[0].model_copy(update={"num_micro_batches": 8}),
+        plan_doc.pipelines[1]]})
+    assert _micro_batches_for_interleaving(already) is None  # nothing to round
