@@ -37,6 +37,10 @@ EMBEDDING, BLOCK, HEAD = "embedding", "block", "head"
 
 # torch.distributed.pipelining's class for each plan schedule.
 PIPELINING_SCHEDULES = {Schedule.ONE_F_ONE_B: "Schedule1F1B", Schedule.GPIPE: "ScheduleGPipe"}
+# Keyword arguments of dist.new_group for a pipeline's group. new_group sorts its ranks by
+# default, and a PipelineStage maps stage i to group rank i, so a pipeline whose stages sit
+# on decreasing ranks would send stage 0's activations to itself (torch 2.13, tested, has it).
+PP_GROUP_OPTIONS = {"sort_ranks": False}
 
 
 def _schedule(plan: Plan, job_schedule: str | None) -> Schedule:
@@ -153,18 +157,24 @@ def export_pipelining(plan: Plan, *, layer_kinds: Sequence[str] | None = None,
         raise UnsupportedExport("pipelining", reasons)
     schedule = _schedule(plan, job_schedule)
     schedule_class = PIPELINING_SCHEDULES[schedule]
+    layer_modules = [_torchtitan_names(kinds, (layer, layer + 1))
+                     for layer in range(ranks.num_layers)]
     pipelines = []
     for p, pipeline in enumerate(plan.pipelines):
         stage_ranks = [ranks.stage_ranks(p, s) for s in range(len(pipeline.stages))]
+        share = ranks.pipelines[p]
         pipelines.append({
             "pipeline": p,
             "schedule_class": schedule_class,
             "n_microbatches": pipeline.num_micro_batches,
             "micro_batch_size": pipeline.micro_batch_size,
-            "batch_share": ranks.pipelines[p].batch_share,
+            "first_sample": share.first_sample,
+            "num_samples": share.num_samples,
+            "batch_share": share.batch_share,
             "num_stages": len(pipeline.stages),
             "split_points": [stage.layers[0] for stage in pipeline.stages[1:]],
             # One PipelineStage group per TP rank: stage s's k-th GPU talks to stage s+1's k-th.
+            # Ranks in stage order, which need not be increasing: see PP_GROUP_OPTIONS.
             "pp_groups": [list(group) for group in zip(*stage_ranks, strict=True)],
             "stages": [
                 {"stage_index": s, "layers": list(stage.layers), "tp_size": stage.tp,
@@ -177,20 +187,29 @@ def export_pipelining(plan: Plan, *, layer_kinds: Sequence[str] | None = None,
         "format": "pipelining",
         "schedule": schedule.value,
         "world_size": ranks.world_size,
+        "global_batch_size": ranks.global_batch_size,
+        "pp_group_options": dict(PP_GROUP_OPTIONS),
+        "layer_module_names": layer_modules,
         "pipelines": pipelines,
         "gradient_sync": [
             {"layers": list(g.layers), "kind": g.kind,
+             "module_names": [name for layer in range(*g.layers) for name in layer_modules[layer]],
              "rank_groups": [list(group) for group in g.rank_groups]}
             for g in ranks.sync_groups
         ],
         "notes": [
             *_schedule_notes(plan, job_schedule),
+            "Every process creates every pp group, in the order given, with "
+            "dist.new_group(ranks, **pp_group_options): sort_ranks=False keeps the stage order, "
+            "since a PipelineStage takes the process of group rank i to be stage i.",
             "Build each pipeline's stages with PipelineStage(submodule, stage_index, num_stages, "
             "device, group=<its pp group>) and run schedule_class(stage, n_microbatches, "
-            "loss_fn).step(...) on it.",
+            "loss_fn).step(...) on it with the samples [first_sample, first_sample + "
+            "num_samples) of the global batch.",
             "The schedules average gradients over micro-batches (scale_grads=True); multiply a "
-            "pipeline's gradients by its batch_share, then all-reduce (sum) each layer's "
-            "gradients over its gradient_sync groups before the optimizer step.",
+            "pipeline's gradients by its batch_share, then all-reduce (sum) the gradients of "
+            "each gradient_sync entry's module_names over its rank_groups before the "
+            "optimizer step.",
         ],
     }
 
