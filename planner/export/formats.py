@@ -374,17 +374,11 @@ def export_deepspeed(
     job_schedule: str | None = None,
 ) -> dict[str, Any]:
     """DeepSpeed PipelineModule settings and a ds_config for a plan whose pipelines are
-    identical replicas with an even layer split."""
+    identical replicas; an uneven split is given as stage bounds."""
     ranks = build_rank_map(plan)
     kinds = _kinds(ranks.num_layers, layer_kinds)
     reasons = (_uniform_reasons(plan, "DeepSpeed", _schedule(plan, job_schedule))
                + _kind_reasons(kinds, "DeepSpeed"))
-    layer_counts = [s.layers[1] - s.layers[0] for s in plan.pipelines[0].stages]
-    if len(set(layer_counts)) > 1:
-        # partition_method takes "uniform", "parameters" or "type:<regex>", never explicit
-        # bounds, and "uniform" spreads remainders differently across DeepSpeed versions.
-        reasons.append(f"uneven layer split {layer_counts}; DeepSpeed's PipelineModule "
-                       "partition_method cannot state explicit stage bounds, only an even split")
     if zero_stage not in (0, 1):
         reasons.append(f"zero_stage {zero_stage}; DeepSpeed's pipeline engine supports ZeRO 0 or 1")
     if not reasons:
@@ -394,11 +388,25 @@ def export_deepspeed(
         raise UnsupportedExport("deepspeed", reasons)
     first = plan.pipelines[0]
     tp, pp, dp = first.stages[0].tp, len(first.stages), len(plan.pipelines)
+    layer_counts = [s.layers[1] - s.layers[0] for s in first.stages]
+    even = len(set(layer_counts)) == 1
+    ds_config: dict[str, Any] = {
+        "train_batch_size": ranks.global_batch_size,
+        "train_micro_batch_size_per_gpu": first.micro_batch_size,
+        "gradient_accumulation_steps": first.num_micro_batches,
+        "zero_optimization": {"stage": zero_stage},
+    }
+    if zero_stage > 0:
+        # ZeRO refuses optimizers DeepSpeed did not write (torch.optim.*) without this.
+        ds_config["zero_allow_untested_optimizer"] = True
     return {
         "format": "deepspeed",
         "pipeline_module": {
             "num_stages": pp,
-            "partition_method": "uniform",
+            # partition_method knows "uniform", "parameters" and "type:<regex>", never
+            # explicit bounds: an uneven split needs stage_bounds (BoundedPipelineModule).
+            "partition_method": "uniform" if even else None,
+            "stage_bounds": [0, *(stage.layers[1] for stage in first.stages)],
             "layer_counts": layer_counts,
             "layer_kinds": list(kinds),
         },
@@ -409,14 +417,15 @@ def export_deepspeed(
                      else ["data", "pipe", "model"],
                      "dims": [pp, dp, tp] if order == TP_DP_PP else [dp, pp, tp]},
         "rank_order": order,
-        "ds_config": {
-            "train_batch_size": ranks.global_batch_size,
-            "train_micro_batch_size_per_gpu": first.micro_batch_size,
-            "gradient_accumulation_steps": first.num_micro_batches,
-            "zero_optimization": {"stage": zero_stage},
-        },
+        "ds_config": ds_config,
         "nodes": nodes,
         "notes": [
+            "Merge ds_config into your own: it holds what the plan decides. Other settings "
+            "keep DeepSpeed's defaults, among them gradient_clipping (1.0 in DeepSpeed 0.19).",
+            *([] if even else [
+                "Uneven split: build the model with launcher.deepspeed_pipe.BoundedPipelineModule"
+                "(layers, stage_bounds=pipeline_module.stage_bounds, topology=...), a "
+                "PipelineModule that takes explicit stage bounds (docs/launching.md)."]),
             *(["TP inside a DeepSpeed pipeline needs a Megatron-style mpu (Megatron-DeepSpeed); "
                "with tp > 1 pass topology to PipelineModule and build TP layers."]
               if tp > 1 else []),

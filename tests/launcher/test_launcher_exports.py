@@ -168,12 +168,16 @@ def test_placement_that_no_rank_order_fits_is_rejected() -> None:
         export_plan(plan, "megatron")
 
 
-def test_deepspeed_rejects_uneven_split_and_zero2() -> None:
+def test_deepspeed_rejects_zero2() -> None:
     plan = _plan((1, 2, [(1, ["a:0"], 0, 4), (1, ["a:1"], 4, 10)]))
-    with pytest.raises(UnsupportedExport) as caught:
+    with pytest.raises(UnsupportedExport, match="zero_stage 2"):
         export_plan(plan, "deepspeed", zero_stage=2)
-    assert any("uneven layer split [4, 6]" in r for r in caught.value.reasons)
-    assert any("zero_stage 2" in r for r in caught.value.reasons)
+
+
+def test_deepspeed_gives_an_uneven_split_as_stage_bounds() -> None:
+    plan = _plan((1, 2, [(1, ["a:0"], 0, 4), (1, ["a:1"], 4, 10)]))
+    module = export_plan(plan, "deepspeed")["pipeline_module"]
+    assert (module["partition_method"], module["stage_bounds"]) == (None, [0, 4, 10])
 
 
 def test_deepspeed_writes_ds_config_for_an_even_uniform_plan() -> None:
@@ -182,8 +186,10 @@ def test_deepspeed_writes_ds_config_for_an_even_uniform_plan() -> None:
     got = export_plan(plan, "deepspeed", zero_stage=1)
     assert got["ds_config"] == {"train_batch_size": 32, "train_micro_batch_size_per_gpu": 2,
                                 "gradient_accumulation_steps": 8,
-                                "zero_optimization": {"stage": 1}}
+                                "zero_optimization": {"stage": 1},
+                                "zero_allow_untested_optimizer": True}
     assert got["pipeline_module"]["layer_counts"] == [5, 5]
+    assert got["pipeline_module"]["partition_method"] == "uniform"
 
 
 def test_torchrun_gives_each_node_its_processes_and_devices() -> None:
