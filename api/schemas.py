@@ -448,3 +448,4 @@ class ExportFormat(StrEnum):
     PIPELINING = "pipelining"
     MEGATRON = "megatron"
     DEEPSPEED = "deepspeed"
+    TORCHTITAN = "torchtitan"

@@ -7,7 +7,7 @@ launcher.pipelining`, which pass `--plan plan.json`):
 
 Each process finds its pipeline and stage from its rank, builds its stage's layers under
 the export's module names (torchtitan's: `tok_embeddings`, `layers.<i>`, `norm`,
-`output`), creates every pipeline group with the export's `pp_group_options`, runs one
+`lm_head`), creates every pipeline group with the export's `pp_group_options`, runs one
 step of the export's schedule class on its pipeline's slice of the global batch, scales
 the gradients by the pipeline's batch share, all-reduces them over the `gradient_sync`
 groups by module name, takes one SGD step and saves its parameters to `DIR/rank<r>.pt`.
@@ -60,7 +60,7 @@ class StageModule(nn.Module):
                                      for name, module in modules.items()
                                      if name.startswith("layers.")})
         self.norm = modules.get("norm")
-        self.output = modules.get("output")
+        self.lm_head = modules.get("lm_head")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tok_embeddings is not None:
@@ -69,8 +69,8 @@ class StageModule(nn.Module):
             x = block(x)
         if self.norm is not None:
             x = self.norm(x)
-        if self.output is not None:
-            x = self.output(x)
+        if self.lm_head is not None:
+            x = self.lm_head(x)
         return x
 
 

@@ -26,6 +26,7 @@ class ExportFormat(StrEnum):
     PIPELINING = "pipelining"
     MEGATRON = "megatron"
     DEEPSPEED = "deepspeed"
+    TORCHTITAN = "torchtitan"
 
 
 class OptimizerName(StrEnum):

@@ -15,7 +15,7 @@ every hetplan scenario.
 from __future__ import annotations
 
 import shlex
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from planner.documents import Plan, Schedule
@@ -23,9 +23,7 @@ from planner.errors import UnsupportedExport
 from planner.export.ranks import RankMap, build_rank_map
 
 __all__ = [
-    "FORMATS",
     "DEFAULT_MASTER_PORT",
-    "export_plan",
     "export_torchrun",
     "export_pipelining",
     "export_megatron",
@@ -126,14 +124,20 @@ def export_torchrun(
 # ---------------------------------------------------------------- pipelining
 
 
-def _torchtitan_names(kinds: Sequence[str], layers: tuple[int, int]) -> list[str]:
-    """Module names in torchtitan's decoder (tok_embeddings, layers.<block>, norm, output)."""
+# The LM head's module name in torchtitan's decoder: `lm_head` from torchtitan 0.3, `output`
+# before (the releases that read TOML configs).
+LM_HEAD, LM_HEAD_BEFORE_0_3 = "lm_head", "output"
+
+
+def _torchtitan_names(kinds: Sequence[str], layers: tuple[int, int], *, head: str = LM_HEAD
+                      ) -> list[str]:
+    """Module names in torchtitan's decoder (tok_embeddings, layers.<block>, norm, `head`)."""
     names, block = [], sum(1 for kind in kinds[: layers[0]] if kind == BLOCK)
     for kind in kinds[layers[0]: layers[1]]:
         if kind == EMBEDDING:
             names.append("tok_embeddings")
         elif kind == HEAD:
-            names.extend(["norm", "output"])
+            names.extend(["norm", head])
         else:
             names.append(f"layers.{block}")
             block += 1
@@ -217,8 +221,10 @@ def export_pipelining(plan: Plan, *, layer_kinds: Sequence[str] | None = None,
 # ---------------------------------------------------------------- Megatron / DeepSpeed
 
 
-def _uniform_reasons(plan: Plan, fmt: str, schedule: Schedule) -> list[str]:
-    """What a plan uses that a framework with one (TP, PP, DP) grid and 1F1B lacks."""
+def _uniform_reasons(plan: Plan, fmt: str, schedule: Schedule,
+                     schedules: Sequence[Schedule] = (Schedule.ONE_F_ONE_B,)) -> list[str]:
+    """What a plan uses that a framework with one (TP, PP, DP) grid running `schedules`
+    lacks."""
     reasons = []
     tps = sorted({s.tp for p in plan.pipelines for s in p.stages})
     if len(tps) > 1:
@@ -237,8 +243,9 @@ def _uniform_reasons(plan: Plan, fmt: str, schedule: Schedule) -> list[str]:
     if len(set(counts)) > 1:
         reasons.append(f"mixed micro-batch counts {counts}; {fmt} gives every data-parallel "
                        "replica the same number of micro-batches")
-    if schedule is not Schedule.ONE_F_ONE_B:
-        reasons.append(f"schedule {schedule.value!r}; {fmt}'s pipeline engine runs 1F1B")
+    if schedule not in schedules:
+        reasons.append(f"schedule {schedule.value!r}; {fmt}'s pipeline engine runs "
+                       f"{' or '.join(s.value for s in schedules)}")
     return reasons
 
 
@@ -432,30 +439,3 @@ def export_deepspeed(
             *_schedule_notes(plan, job_schedule),
         ],
     }
-
-
-# ---------------------------------------------------------------- dispatch
-
-FORMATS: dict[str, Callable[..., dict[str, Any]]] = {
-    "torchrun": export_torchrun,
-    "pipelining": export_pipelining,
-    "megatron": export_megatron,
-    "deepspeed": export_deepspeed,
-}
-
-
-def export_plan(plan: Plan, fmt: str, **options: Any) -> dict[str, Any]:
-    """`plan` written for launcher format `fmt` as a JSON-ready dict.
-
-    Raises `UnsupportedExport` listing what the plan uses that `fmt` cannot express,
-    and `ValueError` for an unknown format or option."""
-    try:
-        exporter = FORMATS[fmt]
-    except KeyError:
-        raise ValueError(f"unknown export format {fmt!r}; use one of {sorted(FORMATS)}") from None
-    known = set(exporter.__kwdefaults__ or {})
-    unknown = sorted(set(options) - known)
-    if unknown:
-        raise ValueError(f"unknown option(s) {unknown} for format {fmt!r}; "
-                         f"it takes {sorted(known)}")
-    return exporter(plan, **options)

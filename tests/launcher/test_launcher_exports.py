@@ -115,7 +115,7 @@ def test_pipelining_names_schedule_classes_and_split_points() -> None:
     assert first["schedule_class"] == "Schedule1F1B"
     assert first["split_points"] == [3]
     assert first["stages"][0]["module_names"] == ["tok_embeddings", "layers.0", "layers.1"]
-    assert first["stages"][1]["module_names"][-2:] == ["norm", "output"]
+    assert first["stages"][1]["module_names"][-2:] == ["norm", "lm_head"]
     assert second["split_points"] == []
     assert first["batch_share"] == 0.5
     gpipe = export_plan(_plan((1, 1, [(1, ["a:0"], 0, 2)]), schedule="gpipe"), "pipelining")

@@ -68,7 +68,7 @@ def _reference_name(module_names: list[list[str]], name: str) -> tuple[int, str]
         for module in names:
             if name.startswith(f"{module}."):
                 rest = name.removeprefix(f"{module}.")
-                return layer, {"norm": f"norm.{rest}", "output": rest}.get(module, rest)
+                return layer, {"norm": f"norm.{rest}", "lm_head": rest}.get(module, rest)
     raise KeyError(name)
 
 
