@@ -24,6 +24,7 @@ from planner.export.ranks import RankMap, build_rank_map
 
 __all__ = [
     "DEFAULT_MASTER_PORT",
+    "torchrun_argv",
     "export_torchrun",
     "export_pipelining",
     "export_megatron",
@@ -78,6 +79,20 @@ def _kinds(num_layers: int, layer_kinds: Sequence[str] | None) -> list[str]:
 # ---------------------------------------------------------------- torchrun
 
 
+def torchrun_argv(*, num_nodes: int, nproc_per_node: int, node_rank: str, master_addr: str,
+                  master_port: str, training_module: str, plan_path: str,
+                  script_args: Sequence[str]) -> list[str]:
+    """One node's torchrun command. Static rendezvous (`--node-rank`) is what makes torchrun's
+    global ranks equal the rank map's: a c10d rendezvous would number nodes in arrival order.
+    Node rank, address and port are strings so cluster exports can pass shell variables."""
+    return [
+        "torchrun", f"--nnodes={num_nodes}", f"--nproc-per-node={nproc_per_node}",
+        f"--node-rank={node_rank}", "--rdzv-backend=static",
+        f"--master-addr={master_addr}", f"--master-port={master_port}",
+        "-m", training_module, "--plan", plan_path, *script_args,
+    ]
+
+
 def export_torchrun(
     plan: Plan,
     *,
@@ -87,20 +102,16 @@ def export_torchrun(
     plan_path: str = "plan.json",
     script_args: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """One `torchrun` command per node. Static rendezvous (`--node-rank`) is what makes
-    torchrun's global ranks equal the rank map's: a c10d rendezvous would number nodes
-    in arrival order."""
+    """One `torchrun` command per node (see `torchrun_argv`)."""
     ranks = build_rank_map(plan)
     addr = master_addr or ranks.nodes[0].name
     commands = []
     for node in ranks.nodes:
         visible = ",".join(str(i) for i in node.device_indices)
-        argv = [
-            "torchrun", f"--nnodes={len(ranks.nodes)}", f"--nproc-per-node={node.num_processes}",
-            f"--node-rank={node.node_rank}", "--rdzv-backend=static",
-            f"--master-addr={addr}", f"--master-port={master_port}",
-            "-m", training_module, "--plan", plan_path, *script_args,
-        ]
+        argv = torchrun_argv(
+            num_nodes=len(ranks.nodes), nproc_per_node=node.num_processes,
+            node_rank=str(node.node_rank), master_addr=addr, master_port=str(master_port),
+            training_module=training_module, plan_path=plan_path, script_args=script_args)
         commands.append({
             "node": node.name, "node_rank": node.node_rank, "nproc_per_node": node.num_processes,
             "first_rank": node.first_rank, "env": {"CUDA_VISIBLE_DEVICES": visible},
