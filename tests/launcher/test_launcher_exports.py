@@ -17,7 +17,7 @@ import pytest
 
 from planner import UnsupportedExport, parse_plan
 from planner.documents import Plan
-from planner.export import FORMATS, export_plan, rank_map
+from planner.export import FORMATS, export_plan, expressible, rank_map
 
 HERE = Path(__file__).parent
 DATA, GOLDEN = HERE / "data", HERE / "golden"
@@ -236,3 +236,23 @@ def test_plan_without_schedule_runs_the_job_schedule() -> None:
     assert any("assumed 1f1b" in note for note in assumed["notes"])
     with pytest.raises(ValueError, match="job_schedule 'zb'"):
         export_plan(plan, "deepspeed", job_schedule="zb")
+
+
+def test_expressible_is_none_for_a_plan_the_format_runs_else_every_reason() -> None:
+    even = _plan((2, 8, [(1, ["a:0"], 0, 5), (1, ["a:1"], 5, 10)]),
+                 (2, 8, [(1, ["a:2"], 0, 5), (1, ["a:3"], 5, 10)]))
+    assert expressible(even, "megatron") is None
+    reasons = expressible(ASYMMETRIC, "megatron")
+    assert reasons is not None
+    with pytest.raises(UnsupportedExport) as caught:
+        export_plan(ASYMMETRIC, "megatron")
+    assert reasons.splitlines() == caught.value.reasons
+    assert expressible(even, "deepspeed", zero_stage=2) == (
+        "zero_stage 2; DeepSpeed's pipeline engine supports ZeRO 0 or 1")
+
+
+def test_expressible_refuses_an_unknown_format_or_option() -> None:
+    with pytest.raises(ValueError, match="unknown export format 'mpirun'"):
+        expressible(ASYMMETRIC, "mpirun")
+    with pytest.raises(ValueError, match="unknown option"):
+        expressible(ASYMMETRIC, "torchrun", zero_stage=1)
