@@ -211,8 +211,8 @@ def test_layer_kinds_other_than_embedding_blocks_head_are_rejected() -> None:
 
 
 def test_unknown_format_names_the_known_ones() -> None:
-    with pytest.raises(ValueError, match=r"unknown export format 'slurm'; use one of \['deepspeed'"):
-        export_plan(ASYMMETRIC, "slurm")
+    with pytest.raises(ValueError, match=r"unknown export format 'mpirun'; use one of \['deepspeed'"):
+        export_plan(ASYMMETRIC, "mpirun")
 
 
 def test_unknown_option_is_rejected() -> None:
