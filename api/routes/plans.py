@@ -20,7 +20,7 @@ from api.deps import (
     SolverDep,
     StoreDep,
 )
-from api.errors import ErrorResponses, ExportUnavailable
+from api.errors import ErrorResponses, ExportUnavailable, InvalidRequest
 from api.services import planning
 from api.services.scenarios import assemble
 from api.storage import Store
@@ -101,13 +101,22 @@ def rankmap(plan_id: PlanId, store: StoreDep, _: ReadAuth) -> dict[str, Any]:
             responses={**ErrorResponses.not_found, 501: {"model": schemas.ErrorPublic}},
             summary="The plan as a launcher configuration")
 def export(plan_id: PlanId, store: StoreDep, _: ReadAuth,
-           format: Annotated[schemas.ExportFormat, Query()]) -> dict[str, Any]:
-    """422 `unsupported_export` with `reasons` when the launcher cannot express the plan."""
+           query: Annotated[schemas.ExportQuery, Query()]) -> dict[str, Any]:
+    """The options of `hetplan export`, as query parameters (repeat `script_arg` and
+    `gpu_name`); the plan's stored scenario gives the layer kinds, the job's schedule and
+    ZeRO stage, as `--scenario` does. 422 `unsupported_export` with `reasons` when the
+    launcher cannot express the plan, 422 `invalid_request` for an option the format does
+    not take."""
     module = _export_module()
     import planner
 
-    plan = planner.parse_plan(store.get_plan(plan_id).document)
-    return module.export_plan(plan, format.value)
+    record = store.get_plan(plan_id, with_scenario=True)
+    plan = planner.parse_plan(record.document)
+    scenario = None if record.scenario is None else planner.parse_scenario(record.scenario)
+    try:
+        return module.export_with_scenario(plan, query.format.value, scenario, query.options())
+    except ValueError as error:
+        raise InvalidRequest(str(error)) from None
 
 
 @evaluate_router.post("", response_model=schemas.EvaluationPublic, operation_id="evaluate_plan",

@@ -363,7 +363,7 @@ def test_rankmap_and_export_of_a_stored_plan(make_client: MakeClient,
 
 
 def test_export_in_an_unknown_format_is_rejected(client: TestClient) -> None:
-    response = client.get("/v1/plans/0123abcd/export?format=slurm")
+    response = client.get("/v1/plans/0123abcd/export?format=mpirun")
     assert response.status_code == 422
     assert response.json()["problems"][0]["path"] == "query.format"
 
