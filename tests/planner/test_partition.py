@@ -158,7 +158,7 @@ def test_light_split_has_the_least_bottleneck_and_then_the_lightest_heaviest_sta
         bounds = [0, *cuts, num_layers]
         part = fixed_partition(tables, specs, bounds, blocking=True, num_pipelines=1)
         if part is not None:
-            heaviest = max(tables.params[e] - tables.params[s] for s, e in zip(bounds, bounds[1:]))
+            heaviest = max(tables.params[e] - tables.params[s] for s, e in zip(bounds, bounds[1:], strict=False))
             splits.append((part.bottleneck_s, heaviest))
     if not splits:
         assert found is None
@@ -168,5 +168,5 @@ def test_light_split_has_the_least_bottleneck_and_then_the_lightest_heaviest_sta
     lightest = min(h for b, h in splits if b <= least * (1 + 1e-12))
     bounds = found.bounds
     assert found.bottleneck_s <= least * (1 + 1e-9)
-    assert max(tables.params[e] - tables.params[s] for s, e in zip(bounds, bounds[1:])) \
+    assert max(tables.params[e] - tables.params[s] for s, e in zip(bounds, bounds[1:], strict=False)) \
         == lightest
