@@ -158,7 +158,8 @@ def test_light_split_has_the_least_bottleneck_and_then_the_lightest_heaviest_sta
         bounds = [0, *cuts, num_layers]
         part = fixed_partition(tables, specs, bounds, blocking=True, num_pipelines=1)
         if part is not None:
-            heaviest = max(tables.params[e] - tables.params[s] for s, e in zip(bounds, bounds[1:], strict=False))
+            heaviest = max(tables.params[e] - tables.params[s]
+                           for s, e in zip(bounds, bounds[1:], strict=False))
             splits.append((part.bottleneck_s, heaviest))
     if not splits:
         assert found is None
