@@ -67,6 +67,9 @@ class SearchOptions:
     `optimal`); refused with an error naming the limit when the scenario is too large."""
     finalists: int = 8
     """Candidate plans judged by the full estimator (event simulation and sync rings)."""
+    enumerate_small: bool = True
+    """On scenarios within exact mode's limits, also run its enumeration from the search's
+    best plan, for up to 80% of the time limit (status `optimal` when it finishes)."""
     parallel_allocations: int = 2
     """Allocation runs (pipeline caps, sync subsets) solved at once in threads; CP-SAT
     releases the GIL while it solves. The plan is the same for any value."""
@@ -161,7 +164,7 @@ def _plan(
     status = PlanStatus.FEASIBLE if proven else PlanStatus.HEURISTIC
     report(0.8, f"judging {min(len(candidates), options.finalists)} finalists")
     best, evaluation, baseline_rates = _judge(scenario, candidates, baselines, options)
-    if options.exact or _small_enough(scenario):
+    if options.exact or (options.enumerate_small and _small_enough(scenario)):
         best, evaluation, status = _exact(scenario, best, evaluation, status, options, started,
                                           report)
     if best is None or evaluation is None:
