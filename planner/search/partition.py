@@ -181,19 +181,15 @@ class SuffixSweep:
         num_layers = self.tables.num_layers
         size = num_layers + 1
         # Banded, as the first DP: a stage spans at most the longest range that fits.
-        params = np.concatenate((self.tables.params, np.full(size, np.inf)))
         starts = np.arange(size)
         heaviest = np.full(2 * size, INF)
         heaviest[num_layers] = 0.0
         choices = []
         for k in range(1, num_stages + 1):
             spec = self.specs[k - 1]
-            fits = self._fits(spec)
-            width = max(1, min(fits.longest(spec.in_flight), num_layers))
-            ends = starts[:, None] + np.arange(1, width + 1)[None, :]
-            weight = (params[ends] - params[:size, None]) / spec.point.tp
-            allowed = ((self.cost_matrices[k - 1].by_length[:, :width] <= limit)
-                       & (fits.by_length[:, :width] >= spec.in_flight) & (ends <= num_layers))
+            ends, weight, fits = self._band(spec)
+            width = ends.shape[1]
+            allowed = fits & (self.cost_matrices[k - 1].by_length[:, :width] <= limit)
             total = np.where(allowed, np.maximum(weight, heaviest[ends]), INF)
             pick = total.argmin(axis=1)
             heaviest = np.concatenate((total[starts, pick], np.full(size, INF)))
@@ -207,6 +203,24 @@ class SuffixSweep:
             bounds.append(int(choices[k - 1][start]))
             stage_s.append(float(self.costs[k - 1][start, bounds[-1]]))
         return Partition(bounds=tuple(bounds), stage_s=tuple(stage_s))
+
+    def _band(self, spec: StageSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For the light split: per start and length up to the longest range that fits, the
+        range's end, its parameters per GPU, and whether it fits (cached per search)."""
+        key = ("band", id(spec.point), spec.in_flight, spec.link_in is None, self.num_pipelines)
+        cache = self.tables.matrices
+        found = cache.get(key)
+        if found is None:
+            num_layers = self.tables.num_layers
+            size = num_layers + 1
+            fits = self._fits(spec)
+            width = max(1, min(fits.longest(spec.in_flight), num_layers))
+            ends = np.arange(size)[:, None] + np.arange(1, width + 1)[None, :]
+            params = np.concatenate((self.tables.params, np.full(size, np.inf)))
+            weight = (params[ends] - params[:size, None]) / spec.point.tp
+            ok = (fits.by_length[:, :width] >= spec.in_flight) & (ends <= num_layers)
+            found = cache[key] = (ends, weight, ok)
+        return cast(tuple[np.ndarray, np.ndarray, np.ndarray], found)
 
     def _costs(self, spec: StageSpec, link_out: LinkCost | None) -> _Matrices:
         """Time of this stage over every layer range [j, e): compute plus, with blocking
