@@ -13,12 +13,14 @@ from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, Request
+from fastapi.dependencies.models import Dependant
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security.utils import get_authorization_scheme_param
 
 from api.errors import Forbidden, Unauthorized
 from api.settings import Scope, Settings
 
-__all__ = ["Principal", "require", "authorize"]
+__all__ = ["Principal", "Requirement", "require", "authorize", "bearer_token", "required_scope"]
 
 _bearer = HTTPBearer(auto_error=False, description="A token from HETPLAN_TOKENS.")
 
@@ -61,6 +63,28 @@ def _scopes_of(settings: Settings, token: str | None) -> list[Scope] | None:
     return found
 
 
+@dataclass(frozen=True)
+class Requirement:
+    """What a route's auth dependency asks for (`scope` None: any reader)."""
+
+    scope: Scope | None
+
+
+def bearer_token(request: Request) -> str | None:
+    """The token of an `Authorization: Bearer TOKEN` header, read as `HTTPBearer` does."""
+    scheme, token = get_authorization_scheme_param(request.headers.get("Authorization"))
+    return token if scheme.lower() == "bearer" and token else None
+
+
+def required_scope(dependant: Dependant) -> Requirement | None:
+    """The requirement of the `require(...)` dependency among a route's, if it has one."""
+    for sub in dependant.dependencies:
+        found = getattr(sub.call, "requirement", None) or required_scope(sub)
+        if found is not None:
+            return found
+    return None
+
+
 def require(needed: Scope | None):  # type: ignore[no-untyped-def]
     """A dependency that admits callers with `needed` (None: any reader)."""
 
@@ -72,4 +96,5 @@ def require(needed: Scope | None):  # type: ignore[no-untyped-def]
         token = credentials.credentials if credentials is not None else None
         return authorize(settings, token, needed)
 
+    dependency.requirement = Requirement(needed)  # type: ignore[attr-defined]
     return dependency

@@ -7,8 +7,9 @@
     ├── Unauthorized             401  no or unknown bearer token
     ├── Forbidden                403  the token lacks the scope
     ├── BodyTooLarge             413  body above `max_body_bytes`
-    ├── Overloaded               503  too many pending plan jobs
-    ├── StorageUnavailable       503  the database cannot be reached
+    ├── Conflict                 409  concurrent uploads kept colliding (Retry-After)
+    ├── Overloaded               503  too many pending plan jobs (Retry-After)
+    ├── StorageUnavailable       503  the database cannot be reached (Retry-After)
     └── ExportUnavailable        501  the export module is not installed
 
 The planner core's `PlannerError` family and FastAPI's request validation errors are
@@ -48,11 +49,13 @@ __all__ = [
     "Unauthorized",
     "Forbidden",
     "BodyTooLarge",
+    "Conflict",
     "Overloaded",
     "StorageUnavailable",
     "ExportUnavailable",
     "error_body",
     "error_status",
+    "error_headers",
     "install_error_handlers",
     "json_safe",
 ]
@@ -61,10 +64,12 @@ log = logging.getLogger("hetplan.api")
 
 
 class ApiError(Exception):
-    """Base of the service's own errors; `status` and `code` say how it is answered."""
+    """Base of the service's own errors; `status` and `code` say how it is answered, and
+    `retry_after_s`, when set, is sent as `Retry-After`: the request may succeed later."""
 
     status = 400
     code = "bad_request"
+    retry_after_s: int | None = None
 
     def __init__(self, message: str, *, problems: Sequence[Problem] = (), **extra: Any) -> None:
         super().__init__(message)
@@ -102,14 +107,22 @@ class BodyTooLarge(ApiError):
     code = "body_too_large"
 
 
+class Conflict(ApiError):
+    status = 409
+    code = "conflict"
+    retry_after_s = 1
+
+
 class Overloaded(ApiError):
     status = 503
     code = "overloaded"
+    retry_after_s = 1
 
 
 class StorageUnavailable(ApiError):
     status = 503
     code = "storage_unavailable"
+    retry_after_s = 5
 
 
 class ExportUnavailable(ApiError):
@@ -200,9 +213,21 @@ def _validation_problems(error: RequestValidationError) -> list[Problem]:
     return problems
 
 
+def error_headers(error: Exception) -> dict[str, str]:
+    """Headers an error answer carries: `WWW-Authenticate` on 401, `Retry-After` on every
+    answer that may succeed later (all 503s, 409 conflicts)."""
+    if isinstance(error, Unauthorized):
+        return {"WWW-Authenticate": "Bearer"}
+    if isinstance(error, ApiError) and error.retry_after_s is not None:
+        return {"Retry-After": str(error.retry_after_s)}
+    if isinstance(error, OperationalError):
+        return {"Retry-After": str(StorageUnavailable.retry_after_s)}
+    return {}
+
+
 async def _on_api_error(request: Request, error: Exception) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if isinstance(error, Unauthorized) else None
-    return JSONResponse(error_body(error), status_code=error_status(error), headers=headers)
+    return JSONResponse(error_body(error), status_code=error_status(error),
+                        headers=error_headers(error))
 
 
 async def _on_validation_error(request: Request, error: Exception) -> JSONResponse:
@@ -224,7 +249,7 @@ async def _on_http_error(request: Request, error: Exception) -> JSONResponse:
 
 async def _on_storage_error(request: Request, error: Exception) -> JSONResponse:
     log.error("storage error on %s %s: %s", request.method, request.url.path, error)
-    return JSONResponse(error_body(error), status_code=503)
+    return JSONResponse(error_body(error), status_code=503, headers=error_headers(error))
 
 
 async def _on_unexpected(request: Request, error: Exception) -> JSONResponse:

@@ -13,6 +13,7 @@ from pydantic import BaseModel
 from api import schemas
 from api.deps import ReadAuth, StoreDep, UploadAuth
 from api.errors import ErrorResponses
+from api.routing import CheckedRoute
 from api.schemas import NAME_PATTERN
 from api.services.catalogue import register, versioned_public
 from api.storage import Catalogue
@@ -27,7 +28,8 @@ Offset = Annotated[int, Query(ge=0, le=2**31 - 1)]
 
 def _router(kind: Catalogue, prefix: str, tag: str, body_model: type[BaseModel],
             public: type[BaseModel]) -> APIRouter:
-    router = APIRouter(prefix=prefix, tags=[tag], responses=ErrorResponses.common)
+    router = APIRouter(prefix=prefix, tags=[tag], responses=ErrorResponses.common,
+                       route_class=CheckedRoute)
 
     @router.post("", status_code=201, response_model=public,
                  responses=ErrorResponses.write, operation_id=f"create_{kind.value}",

@@ -9,9 +9,11 @@ from fastapi import APIRouter, Query, Response
 from api import schemas
 from api.deps import IdempotencyKey, ReadAuth, StoreDep, UploadAuth
 from api.errors import ErrorResponses, NotFound
+from api.routing import CheckedRoute
 from api.services import catalogue
 
-router = APIRouter(prefix="/v1/links", tags=["links"], responses=ErrorResponses.common)
+router = APIRouter(prefix="/v1/links", tags=["links"], responses=ErrorResponses.common,
+                   route_class=CheckedRoute)
 
 
 @router.post("", status_code=201, response_model=schemas.LinkSetPublic,

@@ -21,13 +21,15 @@ from api.deps import (
     StoreDep,
 )
 from api.errors import ErrorResponses, ExportUnavailable
+from api.routing import CheckedRoute
 from api.services import planning
 from api.services.scenarios import assemble
 from api.storage import Store
 
-router = APIRouter(prefix="/v1/plans", tags=["plans"], responses=ErrorResponses.common)
+router = APIRouter(prefix="/v1/plans", tags=["plans"], responses=ErrorResponses.common,
+                   route_class=CheckedRoute)
 evaluate_router = APIRouter(prefix="/v1/evaluate", tags=["plans"],
-                            responses=ErrorResponses.common)
+                            responses=ErrorResponses.common, route_class=CheckedRoute)
 
 PlanId = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[0-9a-f]+$")]
 

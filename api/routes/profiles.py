@@ -9,10 +9,12 @@ from fastapi import APIRouter, Path, Query, Response
 from api import schemas
 from api.deps import IdempotencyKey, ReadAuth, StoreDep, UploadAuth
 from api.errors import ErrorResponses
+from api.routing import CheckedRoute
 from api.schemas import NAME_PATTERN
 from api.services import catalogue
 
-router = APIRouter(prefix="/v1/profiles", tags=["profiles"], responses=ErrorResponses.common)
+router = APIRouter(prefix="/v1/profiles", tags=["profiles"], responses=ErrorResponses.common,
+                   route_class=CheckedRoute)
 
 Filter = Annotated[str | None, Query(min_length=1, max_length=200, pattern=NAME_PATTERN)]
 Limit = Annotated[int, Query(ge=1, le=1000)]

@@ -2,8 +2,11 @@
 
 Each method runs in its own transaction, so a write is all or nothing: an upload that
 fails half-way (bad row, lost connection, killed process) leaves no version and no rows.
-Versions are `max + 1` inside the writing transaction; two concurrent uploads of the same
-thing collide on the unique constraint and the loser retries with the next version.
+Versions are `max + 1` inside the writing transaction, which holds a lock on what it
+versions (`write_transaction`), so concurrent uploads of one thing queue instead of
+colliding. Only two uploads with one Idempotency-Key for different things can still
+collide (on the key's unique constraint); the loser retries and finds the winner's answer,
+and after `_RETRIES` the caller gets `Conflict` (409, Retry-After) instead of an error.
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
-from api.errors import IdempotencyKeyReused, NotFound
+from api.errors import Conflict, IdempotencyKeyReused, NotFound
 from api.storage import tables as t
+from api.storage.db import write_transaction
 
 __all__ = [
     "Catalogue",
@@ -36,7 +40,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-_RETRIES = 20
+_RETRIES = 5
 
 
 class Catalogue(StrEnum):
@@ -187,18 +191,17 @@ class Store:
         with self.engine.connect() as connection:
             connection.execute(sa.text("SELECT 1"))
 
-    def _write(self, write: Callable[[sa.Connection], T]) -> T:
-        """Run `write` in one transaction, retrying when a concurrent writer took the
-        version number (or idempotency key) it wanted."""
+    def _write(self, lock_key: str, write: Callable[[sa.Connection], T]) -> T:
+        """Run `write` in one transaction holding the lock on `lock_key`, retrying when a
+        concurrent writer took the idempotency key it wanted."""
         for attempt in range(_RETRIES):
             try:
-                with self.engine.begin() as connection:
+                with write_transaction(self.engine, lock_key) as connection:
                     return write(connection)
             except IntegrityError:
-                if attempt == _RETRIES - 1:
-                    raise
                 time.sleep(random.uniform(0, 0.005 * (attempt + 1)))  # de-synchronise losers
-        raise AssertionError("unreachable")
+        raise Conflict(f"{_RETRIES} attempts to store this upload collided with concurrent "
+                       "uploads; retry it (with the same Idempotency-Key, if it had one)")
 
     # -- catalogue: GPU types, models, clusters ---------------------------------------
 
@@ -217,7 +220,7 @@ class Store:
             assert new_id is not None
             return Versioned(id=new_id[0], **values)
 
-        return self._write(write)
+        return self._write(f"{kind.value}:{name}", write)
 
     def get_document(self, kind: Catalogue, name: str, version: int | None = None) -> Versioned:
         """`name` at `version` (default: the newest), or `NotFound` saying how to add it."""
@@ -310,7 +313,7 @@ class Store:
             del values["idempotency_key"], values["body_sha256"]
             return ProfileSetRecord(id=set_id[0], rows=tuple(all_rows), **values)
 
-        return self._write(write)
+        return self._write(f"profiles:{model}\x00{gpu_type}", write)
 
     def get_profile_set(self, set_id: int) -> ProfileSetRecord:
         with self.engine.connect() as connection:
@@ -427,7 +430,7 @@ class Store:
             del values["idempotency_key"], values["body_sha256"]
             return LinkSetRecord(id=set_id[0], links=tuple(all_links), **values)
 
-        return self._write(write)
+        return self._write("links", write)
 
     def get_link_set(self, version: int | None = None) -> LinkSetRecord | None:
         """The link catalogue at `version` (default: newest); None when nothing is stored."""
@@ -460,7 +463,7 @@ class Store:
 
     def add_plan(self, plan: PlanRecord) -> None:
         values = {f: getattr(plan, f) for f in PlanRecord.__dataclass_fields__}
-        with self.engine.begin() as connection:
+        with write_transaction(self.engine) as connection:
             connection.execute(sa.insert(t.plans).values(**values))
 
     def get_plan(self, plan_id: str, *, with_scenario: bool = False) -> PlanRecord:
@@ -496,7 +499,7 @@ class Store:
         values = {"id": job_id, "created_at": now, "updated_at": now,
                   "status": JobStatus.QUEUED.value, "progress": 0.0, "message": "queued",
                   "plan_id": None, "error": None, "cancel_requested": False}
-        with self.engine.begin() as connection:
+        with write_transaction(self.engine) as connection:
             connection.execute(sa.insert(t.jobs).values(**values))
         return self._job(values)
 
@@ -511,7 +514,7 @@ class Store:
         query = sa.update(t.jobs).where(t.jobs.c.id == job_id, t.jobs.c.status.not_in(final))
         if expect is not None:
             query = query.where(t.jobs.c.status == expect.value)
-        with self.engine.begin() as connection:
+        with write_transaction(self.engine) as connection:
             connection.execute(query.values(**changes))
         return self.get_job(job_id)
 
@@ -521,7 +524,7 @@ class Store:
         if not ids:
             return
         final = [s.value for s in JobStatus if s.final]
-        with self.engine.begin() as connection:
+        with write_transaction(self.engine) as connection:
             connection.execute(sa.update(t.jobs).where(
                 t.jobs.c.id.in_(ids), t.jobs.c.status.not_in(final)).values(updated_at=_now()))
 
@@ -534,7 +537,7 @@ class Store:
                                         t.jobs.c.updated_at < silent_since)
         if job_id is not None:
             query = query.where(t.jobs.c.id == job_id)
-        with self.engine.begin() as connection:
+        with write_transaction(self.engine) as connection:
             result = connection.execute(query.values(
                 status=JobStatus.FAILED.value, error=error, updated_at=_now(),
                 message="the server process running this job stopped"))

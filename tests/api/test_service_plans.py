@@ -230,7 +230,7 @@ def test_plan_request_with_nan_in_scenario_is_rejected(client: TestClient,
     response = client.post("/v1/plans", content=json.dumps({"scenario": scenario}).encode(),
                            headers={"content-type": "application/json"})
     assert response.status_code == 422
-    assert response.json()["problems"][0]["path"] == "profiles[0].forward_ms"
+    assert response.json()["problems"][0]["path"] == "scenario.profiles[0].forward_ms"
 
 
 def test_plan_request_naming_an_unknown_cluster_is_rejected(

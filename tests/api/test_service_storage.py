@@ -130,3 +130,68 @@ def test_catalogue_versions_are_kept(store: Store) -> None:
     store.put_document(Catalogue.MODEL, "m", {"seq_len": 2})
     assert store.get_document(Catalogue.MODEL, "m").document == {"seq_len": 2}
     assert store.get_document(Catalogue.MODEL, "m", 1).document == {"seq_len": 1}
+
+
+def count_integrity_errors(engine: sa.Engine) -> list[BaseException]:
+    """Every unique-constraint violation the database reports on `engine`, as it happens."""
+    seen: list[BaseException] = []
+
+    def record(context: Any) -> None:
+        if isinstance(context.sqlalchemy_exception, sa.exc.IntegrityError):
+            seen.append(context.sqlalchemy_exception)
+
+    sa.event.listen(engine, "handle_error", record)
+    return seen
+
+
+def test_concurrent_uploads_of_one_model_and_gpu_type_queue_instead_of_colliding(
+        store: Store) -> None:
+    collisions = count_integrity_errors(store.engine)
+    start = threading.Barrier(12)
+
+    def upload() -> None:
+        start.wait()
+        add(store)
+
+    threads = [threading.Thread(target=upload) for _ in range(12)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert collisions == []
+    sets, count = store.list_profile_sets(model="m")
+    assert sorted(s.version for s in sets) == list(range(1, 13)) and count == 12
+
+
+def test_upload_that_keeps_colliding_answers_409_with_retry_after(
+        make_client: MakeClient) -> None:
+    client = make_client()
+    engine = client.app.state.store.engine  # type: ignore[attr-defined]
+
+    def collide(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if statement.lstrip().upper().startswith("INSERT INTO GPU_TYPES"):
+            raise sa.exc.IntegrityError(statement, {}, Exception("duplicate key"))
+
+    sa.event.listen(engine, "before_cursor_execute", collide)
+    response = client.post("/v1/gpu-types", json={"name": "A100", "memory_gib": 80})
+    assert response.status_code == 409
+    assert response.json()["error"] == "conflict"
+    assert response.headers["retry-after"] == "1"
+
+
+def test_first_start_killed_half_way_leaves_no_schema_and_the_next_start_works(
+        database_url: str) -> None:
+    engine = make_engine(database_url)
+
+    def die(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if statement.lstrip().upper().startswith("CREATE TABLE PROFILE_ROWS"):
+            raise Interrupted("killed during the first start")
+
+    sa.event.listen(engine, "before_cursor_execute", die)
+    with pytest.raises(Interrupted):
+        migrate(engine)
+    assert set(sa.inspect(engine).get_table_names()) - {"alembic_version"} == set()
+    sa.event.remove(engine, "before_cursor_execute", die)
+    migrate(engine)
+    assert {"gpu_types", "profile_rows", "jobs"} <= set(sa.inspect(engine).get_table_names())
+    engine.dispose()
