@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -13,6 +14,7 @@ from fastapi import FastAPI
 from sqlalchemy.exc import SQLAlchemyError
 
 import planner
+from api.admission import InlineSolves
 from api.cache import LruCache
 from api.errors import install_error_handlers
 from api.jobs import JobRunner
@@ -64,10 +66,12 @@ def create_app(settings: Settings | None = None, *, solver: Solver | None = None
             runner.fail_lost_jobs()  # jobs of a process that died while running them
         except SQLAlchemyError:  # no schema yet (migrations run elsewhere): nothing to fail
             logging.getLogger("hetplan").warning("could not check for lost plan jobs at start-up")
+        app.state.probe_pool = ThreadPoolExecutor(1, thread_name_prefix="hetplan-probe")
         try:
             yield
         finally:
             runner.shutdown()
+            app.state.probe_pool.shutdown(wait=False, cancel_futures=True)
             engine.dispose()
 
     app = FastAPI(title="hetplan", version=API_VERSION, description=DESCRIPTION,
@@ -77,7 +81,8 @@ def create_app(settings: Settings | None = None, *, solver: Solver | None = None
     app.state.metrics = metrics
     app.state.runner = runner
     app.state.solver = solver or _default_solver
-    app.state.plan_cache = LruCache(settings.plan_cache_size)
+    app.state.plan_cache = LruCache(settings.plan_cache_bytes)
+    app.state.inline_solves = InlineSolves(settings.max_inline_solves)
     install_error_handlers(app)
     app.include_router(health.router)
     for router in ROUTERS:

@@ -3,7 +3,8 @@
     ApiError                     raised by the service's own layers (routes, storage, jobs)
     ├── NotFound                 404  an id or name in the URL is not stored
     ├── InvalidRequest           422  a body names something unknown or contradicts itself
-    │   └── IdempotencyKeyReused 422  same Idempotency-Key, different body
+    │   ├── IdempotencyKeyReused 422  same Idempotency-Key, different body
+    │   └── ScenarioTooLarge     422  more layers or GPUs than the server plans
     ├── Unauthorized             401  no or unknown bearer token
     ├── Forbidden                403  the token lacks the scope
     ├── BodyTooLarge             413  body above `max_body_bytes`
@@ -46,6 +47,7 @@ __all__ = [
     "NotFound",
     "InvalidRequest",
     "IdempotencyKeyReused",
+    "ScenarioTooLarge",
     "Unauthorized",
     "Forbidden",
     "BodyTooLarge",
@@ -90,6 +92,10 @@ class InvalidRequest(ApiError):
 
 class IdempotencyKeyReused(InvalidRequest):
     code = "idempotency_key_reused"
+
+
+class ScenarioTooLarge(InvalidRequest):
+    code = "scenario_too_large"
 
 
 class Unauthorized(ApiError):

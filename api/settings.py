@@ -30,7 +30,9 @@ class Scope(StrEnum):
 class Settings(BaseSettings):
     """Service settings. Each maps to `HETPLAN_<NAME>` (e.g. `HETPLAN_DATABASE_URL`)."""
 
-    model_config = SettingsConfigDict(env_prefix="HETPLAN_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="HETPLAN_", extra="ignore",
+                                      env_ignore_empty=True)
+    """An empty variable (`HETPLAN_TOKENS=`) means unset: the default applies."""
 
     database_url: str = "sqlite:///./hetplan.db"
     """SQLAlchemy URL. `sqlite:///PATH` (embedded default, a file in the working directory)
@@ -55,8 +57,17 @@ class Settings(BaseSettings):
     """Threads that run plan jobs in each server process."""
     max_pending_jobs: int = Field(default=32, ge=1)
     """Queued plus running jobs per process above which new long solves get 503."""
-    plan_cache_size: int = Field(default=4096, ge=0)
-    """Stored plans kept in memory per process (plans are immutable, so caching is safe)."""
+    max_inline_solves: int = Field(default=4, ge=1, le=32)
+    """Inline plan searches (201 answers) running at once per process; one more is refused
+    with 503 and `Retry-After` instead of queueing behind them (jobs queue separately)."""
+    max_plan_layers: int = Field(default=1024, ge=1)
+    """Most model layers a plan or evaluation may have; beyond it: 422 `scenario_too_large`.
+    A search's memory and time grow with layers x layers (the layer partition)."""
+    max_plan_gpus: int = Field(default=16_384, ge=1)
+    """Most GPUs a plan's cluster may have; beyond it: 422 `scenario_too_large`."""
+    plan_cache_bytes: int = Field(default=64 * 2**20, ge=0)
+    """Memory for stored plans kept encoded per process (plans are immutable, so caching
+    is safe); least recently read plans are dropped first, 0 turns the cache off."""
     migrate_on_startup: bool = True
     """Run Alembic's upgrade to the newest schema when the app starts."""
 

@@ -28,6 +28,7 @@ def test_readyz_when_the_database_is_unreachable_is_503() -> None:
         response = client.get("/readyz")
     assert response.status_code == 503
     assert response.json()["status"] == "unavailable"
+    assert response.headers["retry-after"] == "5"
 
 
 def test_request_when_the_database_is_unreachable_is_503() -> None:
@@ -37,6 +38,7 @@ def test_request_when_the_database_is_unreachable_is_503() -> None:
         response = client.get("/v1/gpu-types")
     assert response.status_code == 503
     assert response.json()["error"] == "storage_unavailable"
+    assert response.headers["retry-after"] == "5"
 
 
 def test_metrics_count_requests_by_route_template(client: TestClient) -> None:

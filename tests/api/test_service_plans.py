@@ -165,7 +165,7 @@ def test_job_that_fails_reports_the_planner_error(make_client: MakeClient,
     assert final["error"]["error"] == "infeasible" and "95.0 GiB" in final["error"]["message"]
 
 
-def test_too_many_pending_jobs_is_503(make_client: MakeClient,
+def test_too_many_pending_jobs_is_503_with_retry_after(make_client: MakeClient,
                                       scenario: dict[str, Any]) -> None:
     started, release = threading.Event(), threading.Event()
     client = make_client(solver=blocking_solver(started, release), max_pending_jobs=1)
@@ -174,6 +174,7 @@ def test_too_many_pending_jobs_is_503(make_client: MakeClient,
         response = client.post("/v1/plans?job=true", json={"scenario": scenario})
         assert response.status_code == 503
         assert response.json()["error"] == "overloaded"
+        assert response.headers["retry-after"] == "1"
         client.post(f"/v1/jobs/{first['id']}/cancel")
         wait_job(client, first["id"])
     finally:
