@@ -30,6 +30,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import BaseRoute, Match
 
 from planner.errors import (
     Infeasible,
@@ -245,12 +246,34 @@ async def _on_validation_error(request: Request, error: Exception) -> JSONRespon
     return JSONResponse(body, status_code=422)
 
 
+def _allowed_methods(request: Request) -> str:
+    """Every method some route serves on this path: starlette's 405 names only those of
+    the first route that matched the path (POST on /v1/plans, which also serves GET)."""
+    methods: set[str] = set()
+    for route in _flat_routes(request.app.router.routes):
+        if route.matches(request.scope)[0] is not Match.NONE:
+            methods |= getattr(route, "methods", None) or set()
+    return ", ".join(sorted(methods))
+
+
+def _flat_routes(routes: Sequence[BaseRoute]) -> list[BaseRoute]:
+    """The app's routes with included routers opened (FastAPI >= 0.120 keeps them whole)."""
+    try:
+        from fastapi.routing import iter_route_contexts
+    except ImportError:  # older FastAPI copies every route into the app's list
+        return list(routes)
+    return [context.original_route for context in iter_route_contexts(routes)]
+
+
 async def _on_http_error(request: Request, error: Exception) -> JSONResponse:
     assert isinstance(error, StarletteHTTPException)
     code = {400: "bad_request", 404: "not_found", 405: "method_not_allowed"}.get(
         error.status_code, "http_error")
     body = {"error": code, "message": str(error.detail), "problems": []}
-    return JSONResponse(body, status_code=error.status_code, headers=error.headers)
+    headers = dict(error.headers or {})
+    if error.status_code == 405:
+        headers["Allow"] = _allowed_methods(request)
+    return JSONResponse(body, status_code=error.status_code, headers=headers)
 
 
 async def _on_storage_error(request: Request, error: Exception) -> JSONResponse:

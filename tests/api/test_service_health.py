@@ -52,6 +52,33 @@ def test_metrics_count_requests_by_route_template(client: TestClient) -> None:
     assert "hetplan_solve_seconds" in text
 
 
+def series(text: str, metric: str) -> set[str]:
+    return {line.split("}")[0] for line in text.splitlines() if line.startswith(metric + "{")}
+
+
+def test_made_up_methods_and_paths_add_no_metric_series(client: TestClient) -> None:
+    client.get("/v1/nothing")
+    client.post("/v1/plans/0123abcd")
+    before = series(client.get("/metrics").text, "hetplan_http_requests_total")
+    for i in range(20):
+        client.request(f"MADEUP{i}", "/v1/plans")
+        client.request(f"MADEUP{i}", f"/no/such/path/{i}")
+        client.get(f"/v1/nothing/{i}")
+        client.post("/v1/plans/0123abcd")
+    text = client.get("/metrics").text
+    added = series(text, "hetplan_http_requests_total") - before
+    assert added == {'hetplan_http_requests_total{method="other",route="/v1/plans",status="405"',
+                     'hetplan_http_requests_total{method="other",route="unmatched",status="404"',
+                     'hetplan_http_requests_total{method="GET",route="/metrics",status="200"'}
+
+
+def test_405_allows_every_method_its_path_serves(client: TestClient) -> None:
+    response = client.delete("/v1/plans")
+    assert response.status_code == 405
+    assert set(response.headers["allow"].split(", ")) == {"GET", "POST"}
+    assert response.json()["error"] == "method_not_allowed"
+
+
 def test_body_above_the_limit_is_413(make_client: MakeClient) -> None:
     client = make_client(max_body_bytes=2048)
     response = client.post("/v1/links", content=b"x" * 4096,
