@@ -15,6 +15,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 import planner
 from api.admission import InlineSolves
+from api.auth import openapi_as_configured
 from api.cache import LruCache
 from api.errors import install_error_handlers
 from api.jobs import JobRunner
@@ -83,6 +84,7 @@ def create_app(settings: Settings | None = None, *, solver: Solver | None = None
     app.state.solver = solver or _default_solver
     app.state.plan_cache = LruCache(settings.plan_cache_bytes)
     app.state.inline_solves = InlineSolves(settings.max_inline_solves)
+    app.openapi = openapi_as_configured(app, settings)  # type: ignore[method-assign]
     install_error_handlers(app)
     app.include_router(health.router)
     for router in ROUTERS:

@@ -30,8 +30,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.routing import BaseRoute, Match
+from starlette.routing import Match
 
+from api.route_table import flat_routes
 from planner.errors import (
     Infeasible,
     InvalidPlan,
@@ -250,19 +251,11 @@ def _allowed_methods(request: Request) -> str:
     """Every method some route serves on this path: starlette's 405 names only those of
     the first route that matched the path (POST on /v1/plans, which also serves GET)."""
     methods: set[str] = set()
-    for route in _flat_routes(request.app.router.routes):
+    for route in flat_routes(request.app.router.routes):
         if route.matches(request.scope)[0] is not Match.NONE:
             methods |= getattr(route, "methods", None) or set()
     return ", ".join(sorted(methods))
 
-
-def _flat_routes(routes: Sequence[BaseRoute]) -> list[BaseRoute]:
-    """The app's routes with included routers opened (FastAPI >= 0.120 keeps them whole)."""
-    try:
-        from fastapi.routing import iter_route_contexts
-    except ImportError:  # older FastAPI copies every route into the app's list
-        return list(routes)
-    return [context.original_route for context in iter_route_contexts(routes)]
 
 
 async def _on_http_error(request: Request, error: Exception) -> JSONResponse:
@@ -302,7 +295,9 @@ def _documented(*statuses: int) -> dict[int | str, dict[str, Any]]:
     text = {401: "No or unknown bearer token.", 403: "The token lacks the scope.",
             404: "Not stored.", 413: "Body above the server's limit.",
             422: "Malformed, out-of-range or unknown input; `problems` lists paths.",
-            503: "Overloaded, or the database is unreachable."}
+            503: "Overloaded, or the database is unreachable; retry after `Retry-After` seconds.",
+            400: "The body could not be read as JSON text at all.",
+            409: "Concurrent uploads kept colliding; retry after `Retry-After` seconds."}
     return {s: {"model": ErrorPublic, "description": text[s]} for s in statuses}
 
 
@@ -310,5 +305,6 @@ class ErrorResponses:
     """Error answers to list in the OpenAPI document, per kind of route."""
 
     common = _documented(401, 403, 422, 503)
-    write = _documented(413)
+    write = _documented(400, 413)
+    upload = _documented(400, 409, 413)
     not_found = _documented(404)

@@ -17,7 +17,7 @@ router = APIRouter(prefix="/v1/links", tags=["links"], responses=ErrorResponses.
 
 
 @router.post("", status_code=201, response_model=schemas.LinkSetPublic,
-             responses=ErrorResponses.write, operation_id="upload_links",
+             responses=ErrorResponses.upload, operation_id="upload_links",
              summary="Upload measured links (a new version of the link catalogue)")
 def upload(body: schemas.LinksCreate, store: StoreDep, _: UploadAuth, response: Response,
            idempotency_key: IdempotencyKey = None) -> dict[str, Any]:

@@ -22,7 +22,7 @@ Offset = Annotated[int, Query(ge=0, le=2**31 - 1)]
 
 
 @router.post("", status_code=201, response_model=schemas.ProfileSetPublic,
-             responses=ErrorResponses.write, operation_id="upload_profiles",
+             responses=ErrorResponses.upload, operation_id="upload_profiles",
              summary="Upload profile rows of one model on one GPU type")
 def upload(body: schemas.ProfileCreate, store: StoreDep, _: UploadAuth, response: Response,
            idempotency_key: IdempotencyKey = None) -> dict[str, Any]:
