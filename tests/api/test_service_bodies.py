@@ -91,3 +91,13 @@ def test_an_unstorable_value_is_found_wherever_it_is(document: object, bad: obje
     found = first_unstorable_value({"a": [document, {"b": bad}]})
     assert found is not None
     assert found[0] == ("a", 1, "b")
+
+
+@pytest.mark.parametrize("field, value", [("memory_gib", False), ("memory_gib", "80"),
+                                          ("reserved_gib", True)])
+def test_gpu_type_with_a_number_given_as_another_type_is_rejected(
+        client: TestClient, field: str, value: object) -> None:
+    response = client.post("/v1/gpu-types", json={"name": "A100", "memory_gib": 80,
+                                                  field: value})
+    assert response.status_code == 422
+    assert response.json()["problems"][0]["path"] == field
