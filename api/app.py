@@ -24,6 +24,7 @@ from api.metrics import Metrics, MetricsMiddleware
 from api.routes import ROUTERS, health
 from api.services.planning import Solver
 from api.settings import Settings
+from api.solving import ProcessSolver, start_search_server
 from api.storage import Store, make_engine, migrate
 
 __all__ = ["create_app", "create_app_from_env", "API_VERSION"]
@@ -42,8 +43,8 @@ Every error answers `{"error", "message", "problems"}` with what to change.
 """
 
 
-def _default_solver(scenario: planner.Scenario, options: planner.SearchOptions,
-                    progress: Any) -> planner.PlanResult:
+def _in_process_solver(scenario: planner.Scenario, options: planner.SearchOptions,
+                       progress: Any) -> planner.PlanResult:
     return planner.plan(scenario, options, progress=progress)
 
 
@@ -53,15 +54,18 @@ def create_app(settings: Settings | None = None, *, solver: Solver | None = None
     the one built from `settings.database_url`."""
     settings = settings or Settings()
     engine = engine or make_engine(settings.database_url)
+    solver = solver or (ProcessSolver() if settings.solve_in_processes else _in_process_solver)
     store = Store(engine)
     metrics = Metrics()
-    runner = JobRunner(store=store, solver=solver or _default_solver, metrics=metrics,
+    runner = JobRunner(store=store, solver=solver, metrics=metrics,
                        workers=settings.solver_workers, max_pending=settings.max_pending_jobs)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if settings.migrate_on_startup:
             migrate(engine)
+        if isinstance(solver, ProcessSolver):
+            start_search_server()
         runner.start()
         try:
             runner.fail_lost_jobs()  # jobs of a process that died while running them
@@ -81,7 +85,7 @@ def create_app(settings: Settings | None = None, *, solver: Solver | None = None
     app.state.store = store
     app.state.metrics = metrics
     app.state.runner = runner
-    app.state.solver = solver or _default_solver
+    app.state.solver = solver
     app.state.plan_cache = LruCache(settings.plan_cache_bytes)
     app.state.inline_solves = InlineSolves(settings.max_inline_solves)
     app.openapi = openapi_as_configured(app, settings)  # type: ignore[method-assign]

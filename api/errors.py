@@ -11,6 +11,7 @@
     ├── Conflict                 409  concurrent uploads kept colliding (Retry-After)
     ├── Overloaded               503  too many pending plan jobs (Retry-After)
     ├── StorageUnavailable       503  the database cannot be reached (Retry-After)
+    ├── SearchCrashed            503  a search process died without an answer (Retry-After)
     └── ExportUnavailable        501  the export module is not installed
 
 The planner core's `PlannerError` family and FastAPI's request validation errors are
@@ -56,6 +57,8 @@ __all__ = [
     "Conflict",
     "Overloaded",
     "StorageUnavailable",
+    "SearchCrashed",
+    "rendered_error",
     "ExportUnavailable",
     "error_body",
     "error_status",
@@ -131,6 +134,23 @@ class StorageUnavailable(ApiError):
     status = 503
     code = "storage_unavailable"
     retry_after_s = 5
+
+
+class SearchCrashed(ApiError):
+    status = 503
+    code = "search_crashed"
+    retry_after_s = 5
+
+
+def rendered_error(status: int, body: dict[str, Any]) -> ApiError:
+    """An error answered exactly as `body` with `status` (rendered elsewhere, e.g. in the
+    process that ran a search)."""
+    extra = {k: v for k, v in body.items() if k not in ("error", "message", "problems")}
+    problems = [Problem(path=p["path"], message=p["message"], value=p.get("value"))
+                for p in body.get("problems", [])]
+    error = ApiError(body.get("message", ""), problems=problems, **extra)
+    error.status, error.code = status, body.get("error", "internal")
+    return error
 
 
 class ExportUnavailable(ApiError):

@@ -1,10 +1,11 @@
 """In-process runner of long plan searches ("jobs"), with progress and cancellation.
 
 Job state lives in the database, so any server process can answer `GET /v1/jobs/{id}`
-and accept a cancel; the search itself runs on a thread of the process that accepted
-the request. Cancelling works through the search's progress callback: the next time the
-search reports progress, the callback raises `JobCancelled` and the search unwinds. A
-search that reports no progress stops at its time limit at the latest.
+and accept a cancel; a thread of the process that accepted the request runs the search
+(with `solve_in_processes`, the default, it waits for the search's child process and
+reports progress four times a second). Cancelling works through the progress callback:
+the next time it is called it raises `JobCancelled`, and the search unwinds (a child
+process is killed, so even a search that never reports progress stops).
 
 Jobs are not resumed after a restart: a clean shutdown marks pending jobs `failed`
 (`server_shutdown`). Every process touches its unfinished jobs every `HEARTBEAT_S`; a

@@ -54,7 +54,11 @@ class Settings(BaseSettings):
     """Plan requests whose time limit is at most this are solved inline (201); longer ones
     become jobs (202) to poll."""
     solver_workers: int = Field(default=1, ge=1, le=64)
-    """Threads that run plan jobs in each server process."""
+    """Plan jobs run at once by each server process."""
+    solve_in_processes: bool = True
+    """Run each search of the built-in planner in a child process: it never stalls the
+    server's event loop, a cancelled job stops within a second, and a search still running
+    at 1.5 x its time limit + 2 s is killed (`solver_timeout`). False: on server threads."""
     max_pending_jobs: int = Field(default=32, ge=1)
     """Queued plus running jobs per process above which new long solves get 503."""
     max_inline_solves: int = Field(default=4, ge=1, le=32)
