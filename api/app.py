@@ -76,6 +76,8 @@ def create_app(settings: Settings | None = None, *, solver: Solver | None = None
             yield
         finally:
             runner.shutdown()
+            if isinstance(solver, ProcessSolver):
+                solver.close()
             app.state.probe_pool.shutdown(wait=False, cancel_futures=True)
             engine.dispose()
 

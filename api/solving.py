@@ -1,11 +1,12 @@
-"""Plan searches in child processes, each under a hard deadline.
+"""Plan searches in search processes, each under a hard deadline.
 
 A search on a thread of the server holds the interpreter lock that the event loop needs
 (probes then took hundreds of milliseconds) and cannot be stopped from outside: a search
 that ignores its time limit or a cancel runs on. Here each search of the built-in planner
-runs in a process forked from a server that has already imported the planner
-(multiprocessing's forkserver: no copy of the API process's threads or connections), and
-the caller only waits on a pipe. The caller stops it by killing the process:
+runs in a search process, forked from a server that has already imported the planner
+(multiprocessing's forkserver: no copy of the API process's threads or connections) and
+kept for the next search while it behaves; the caller only waits on a pipe. The caller
+stops a search by killing its process:
 
 - at the hard deadline, `deadline_s(time_limit_s)`: answered as `SolverTimeout`;
 - when the job's progress callback raises (a cancel): the exception propagates.
@@ -17,6 +18,7 @@ caller as an `ApiError` with the same answer, since planner errors do not surviv
 from __future__ import annotations
 
 import multiprocessing
+import threading
 import time
 from collections.abc import Callable
 from multiprocessing import forkserver
@@ -50,40 +52,86 @@ Search = Callable[[planner.Scenario, planner.SearchOptions], planner.PlanResult]
 """What runs in the child: `planner.plan`, or (tests) another module-level function."""
 
 
-def _search(answer: Connection, search: Search, scenario: planner.Scenario,
-            options: planner.SearchOptions) -> None:
-    try:
-        answer.send(("ok", search(scenario, options)))
-    except Exception as error:  # every error goes back as the answer it would have been
-        answer.send(("error", error_status(error), error_body(error)))
-    finally:
-        answer.close()
+def _serve(requests: Connection, search: Search) -> None:
+    """A search process: answer (scenario, options) requests one at a time, until the
+    server closes the pipe or kills it."""
+    while True:
+        try:
+            scenario, options = requests.recv()
+        except EOFError:
+            return
+        try:
+            requests.send(("ok", search(scenario, options)))
+        except Exception as error:  # every error goes back as the answer it would have been
+            requests.send(("error", error_status(error), error_body(error)))
+
+
+class _SearchProcess:
+    def __init__(self, search: Search) -> None:
+        self.pipe, theirs = _CONTEXT.Pipe()
+        self.process = _CONTEXT.Process(target=_serve, args=(theirs, search),
+                                        name="hetplan-search", daemon=True)
+        self.process.start()
+        theirs.close()
+
+    def stop(self) -> None:
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join()
+        self.pipe.close()
 
 
 class ProcessSolver:
-    """A `Solver` running `search` (default `planner.plan`) in a child process per search."""
+    """A `Solver` running `search` (default `planner.plan`) in search processes: an idle
+    one is reused (its imports and caches are warm), a new one forked when none is idle;
+    one whose search overran or was cancelled is killed, and at most `max_idle` wait."""
 
-    def __init__(self, search: Search = planner.plan) -> None:
+    def __init__(self, search: Search = planner.plan, *, max_idle: int = 4) -> None:
         self.search = search
+        self.max_idle = max_idle
+        self._idle: list[_SearchProcess] = []
+        self._lock = threading.Lock()
 
     def __call__(self, scenario: planner.Scenario, options: planner.SearchOptions,
                  progress: ProgressCallback | None) -> planner.PlanResult:
-        receiver, sender = _CONTEXT.Pipe(duplex=False)
-        process = _CONTEXT.Process(target=_search, args=(sender, self.search, scenario, options),
-                                   name="hetplan-search", daemon=True)
-        process.start()
-        sender.close()
+        worker = self._take()
         try:
-            return self._wait(receiver, options.time_limit_s, progress)
-        finally:
-            if process.is_alive():
-                process.kill()
-            process.join()
-            receiver.close()
+            worker.pipe.send((scenario, options))
+            answer = self._wait(worker.pipe, options.time_limit_s, progress)
+        except BaseException:
+            worker.stop()
+            raise
+        self._give_back(worker)
+        if answer[0] == "ok":
+            return answer[1]
+        raise rendered_error(answer[1], answer[2])
+
+    def close(self) -> None:
+        """Stop the idle search processes (a running search ends with its caller)."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for worker in idle:
+            worker.stop()
+
+    def _take(self) -> _SearchProcess:
+        with self._lock:
+            while self._idle:
+                worker = self._idle.pop()
+                if worker.process.is_alive():
+                    return worker
+                worker.stop()
+        return _SearchProcess(self.search)
+
+    def _give_back(self, worker: _SearchProcess) -> None:
+        with self._lock:
+            if len(self._idle) < self.max_idle:
+                self._idle.append(worker)
+                return
+        worker.stop()
 
     @staticmethod
     def _wait(receiver: Connection, time_limit_s: float,
-              progress: ProgressCallback | None) -> planner.PlanResult:
+              progress: ProgressCallback | None) -> Any:
         started = time.monotonic()
         limit_s = deadline_s(time_limit_s)
         while not receiver.poll(_PROGRESS_S):
@@ -96,11 +144,8 @@ class ProcessSolver:
             if progress is not None:  # raises to cancel; the caller then kills the search
                 progress(min(waited_s / time_limit_s, 0.99), f"searching ({waited_s:.0f} s)")
         try:
-            message: Any = receiver.recv()
+            return receiver.recv()
         except EOFError:
             raise SearchCrashed("the search process ended without an answer (killed, "
                                 "perhaps for memory); retry, or plan a smaller scenario"
                                 ) from None
-        if message[0] == "ok":
-            return message[1]
-        raise rendered_error(message[1], message[2])

@@ -4,8 +4,9 @@ Starts `hetplan serve` (this checkout's code) on 127.0.0.1 with a fresh SQLite f
 PostgreSQL schema and default settings, stores the catalogue of
 `tests/api/data/scenario.json` (16 A100 + 16 V100, GPT 1.3B), then
 
-1. sends `--inline-plans` plan requests at once (inline, default time limit) while a
-   prober asks `/readyz` every 20 ms: every answer must be 201, or 503 with Retry-After;
+1. sends `--inline-plans` plan requests at once (inline, default time limit), `--rounds`
+   times, while a prober asks `/readyz` every 20 ms: every answer must be 201, or 503
+   with Retry-After;
 2. sends each hostile input once and records its status, time and the server's peak
    resident memory (VmHWM, a high-water mark over the process's life so far);
 3. sends `--made-up-methods` requests with invented HTTP methods, then times a scrape
@@ -21,6 +22,7 @@ import argparse
 import copy
 import http.client
 import json
+import os
 import platform
 import statistics
 import sys
@@ -207,7 +209,8 @@ def bench(kind: str, args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     server = Server(database_url=url, workers=1, cache=True)
     try:
         register(server.port)
-        return {"db": kind, "admission": admission(server.port, args.inline_plans),
+        rounds = [admission(server.port, args.inline_plans) for _ in range(args.rounds)]
+        return {"db": kind, "admission": rounds,
                 "hostile": hostile(server),
                 "metrics": made_up_methods(server.port, args.made_up_methods)}
     finally:
@@ -218,22 +221,23 @@ def bench(kind: str, args: argparse.Namespace, folder: Path) -> dict[str, Any]:
 def markdown(results: list[dict[str, Any]], command: str) -> str:
     lines = ["# Hardening benchmark (bench/service_hostile.py)", "",
              f"- date: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
-             f"- machine: {platform.node() or 'vm'}, {len(__import__('os').sched_getaffinity(0))}"
+             f"- machine: {platform.node() or 'vm'}, {len(os.sched_getaffinity(0))}"
              f" CPUs ({platform.machine()}), Python {platform.python_version()}",
              "- server: `hetplan serve` of this checkout, 1 process, default settings "
              "(max_inline_solves 4, max_plan_layers 1024, max_plan_gpus 16384)",
              f"- command: `{command}`", "", "## Inline plans at once, `/readyz` probed every "
              "20 ms", "",
-             "| database | plans | wall s | statuses | 503 without Retry-After | 201 p50 s | "
-             "201 max s | refusal max ms | probes | probes not 200 | readyz p99 ms | "
-             "readyz max ms |", "| --- " * 12 + "|"]
+             "| database | plans | round | wall s | statuses | 503 without Retry-After | "
+             "201 p50 s | 201 max s | refusal max ms | probes | probes not 200 | "
+             "readyz p99 ms | readyz max ms |", "| --- " * 13 + "|"]
     for r in results:
-        a = r["admission"]
-        lines.append(f"| {r['db']} | {a['plans']} | {a['wall_s']:.1f} | {a['statuses']} | "
-                     f"{a['refused_without_retry_after']} | {a['solved_p50_s']:.2f} | "
-                     f"{a['solved_max_s']:.2f} | {a['refused_max_ms']:.1f} | "
-                     f"{a['readyz_probes']} | {a['readyz_not_200']} | "
-                     f"{a['readyz_p99_ms']:.1f} | {a['readyz_max_ms']:.1f} |")
+        for number, a in enumerate(r["admission"], 1):
+            lines.append(
+                f"| {r['db']} | {a['plans']} | {number} | {a['wall_s']:.1f} | "
+                f"{a['statuses']} | {a['refused_without_retry_after']} | "
+                f"{a['solved_p50_s']:.2f} | {a['solved_max_s']:.2f} | "
+                f"{a['refused_max_ms']:.1f} | {a['readyz_probes']} | {a['readyz_not_200']} | "
+                f"{a['readyz_p99_ms']:.1f} | {a['readyz_max_ms']:.1f} |")
     lines += ["", "## Hostile inputs", "",
               "| database | case | body bytes | status | seconds | server peak RSS MiB |",
               "| --- " * 6 + "|"]
@@ -255,6 +259,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--db", action="append", choices=["sqlite", "postgresql"])
     parser.add_argument("--inline-plans", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="Bursts of inline plans, one after the other (the first "
+                             "starts the search processes; later ones reuse them).")
     parser.add_argument("--made-up-methods", type=int, default=20_000)
     parser.add_argument("--markdown", type=Path, help="Write the results here.")
     args = parser.parse_args()

@@ -39,6 +39,32 @@ def dies(scenario: planner.Scenario, options: planner.SearchOptions) -> Any:
     os._exit(9)
 
 
+def pid_of_search(scenario: planner.Scenario, options: planner.SearchOptions) -> Any:
+    return os.getpid()
+
+
+def pid_or_hang(scenario: planner.Scenario, options: planner.SearchOptions) -> Any:
+    if options.time_limit_s < 1:
+        runs_forever(scenario, options)
+    return os.getpid()
+
+
+def test_an_idle_search_process_is_reused(scenario: planner.Scenario) -> None:
+    solver = ProcessSolver(pid_of_search)  # type: ignore[arg-type]
+    first = solver(scenario, OPTIONS, None)
+    assert solver(scenario, OPTIONS, None) == first != os.getpid()
+    solver.close()
+
+
+def test_a_search_process_that_overran_is_not_reused(scenario: planner.Scenario) -> None:
+    solver = ProcessSolver(pid_or_hang)  # type: ignore[arg-type]
+    first = solver(scenario, planner.SearchOptions(time_limit_s=5), None)
+    with pytest.raises(SolverTimeout):
+        solver(scenario, OPTIONS, None)
+    assert solver(scenario, planner.SearchOptions(time_limit_s=5), None) != first
+    solver.close()
+
+
 def test_hard_deadline_is_half_the_time_limit_again_plus_two_seconds() -> None:
     assert deadline_s(10.0) == 17.0
 
