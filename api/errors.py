@@ -4,7 +4,8 @@
     ├── NotFound                 404  an id or name in the URL is not stored
     ├── InvalidRequest           422  a body names something unknown or contradicts itself
     │   ├── IdempotencyKeyReused 422  same Idempotency-Key, different body
-    │   └── ScenarioTooLarge     422  more layers or GPUs than the server plans
+    │   ├── ScenarioTooLarge     422  more layers or GPUs than the server plans
+    │   └── SearchMemoryExceeded 422  a search needed more than its memory bound
     ├── Unauthorized             401  no or unknown bearer token
     ├── Forbidden                403  the token lacks the scope
     ├── BodyTooLarge             413  body above `max_body_bytes`
@@ -51,6 +52,7 @@ __all__ = [
     "InvalidRequest",
     "IdempotencyKeyReused",
     "ScenarioTooLarge",
+    "SearchMemoryExceeded",
     "Unauthorized",
     "Forbidden",
     "BodyTooLarge",
@@ -101,6 +103,10 @@ class IdempotencyKeyReused(InvalidRequest):
 
 class ScenarioTooLarge(InvalidRequest):
     code = "scenario_too_large"
+
+
+class SearchMemoryExceeded(InvalidRequest):
+    code = "search_memory_exceeded"
 
 
 class Unauthorized(ApiError):

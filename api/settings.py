@@ -59,6 +59,9 @@ class Settings(BaseSettings):
     """Run each search of the built-in planner in a child process: it never stalls the
     server's event loop, a cancelled job stops within a second, and a search still running
     at 1.5 x its time limit + 2 s is killed (`solver_timeout`). False: on server threads."""
+    max_search_memory_bytes: int = Field(default=8 * 2**30, ge=2**30)
+    """Address space each search process may use (with `solve_in_processes`); a search
+    that needs more is stopped and answered 422 `search_memory_exceeded`."""
     max_pending_jobs: int = Field(default=32, ge=1)
     """Queued plus running jobs per process above which new long solves get 503."""
     max_inline_solves: int = Field(default=4, ge=1, le=32)

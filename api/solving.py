@@ -18,6 +18,7 @@ caller as an `ApiError` with the same answer, since planner errors do not surviv
 from __future__ import annotations
 
 import multiprocessing
+import resource
 import threading
 import time
 from collections.abc import Callable
@@ -26,7 +27,13 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import planner
-from api.errors import SearchCrashed, error_body, error_status, rendered_error
+from api.errors import (
+    SearchCrashed,
+    SearchMemoryExceeded,
+    error_body,
+    error_status,
+    rendered_error,
+)
 from planner.errors import SolverTimeout
 from planner.search.api import ProgressCallback
 
@@ -52,9 +59,11 @@ Search = Callable[[planner.Scenario, planner.SearchOptions], planner.PlanResult]
 """What runs in the child: `planner.plan`, or (tests) another module-level function."""
 
 
-def _serve(requests: Connection, search: Search) -> None:
+def _serve(requests: Connection, search: Search, max_memory_bytes: int | None) -> None:
     """A search process: answer (scenario, options) requests one at a time, until the
-    server closes the pipe or kills it."""
+    server closes the pipe or kills it, or a search runs out of its memory."""
+    if max_memory_bytes is not None:  # a search past it gets MemoryError, not the machine
+        resource.setrlimit(resource.RLIMIT_AS, (max_memory_bytes, max_memory_bytes))
     while True:
         try:
             scenario, options = requests.recv()
@@ -62,14 +71,21 @@ def _serve(requests: Connection, search: Search) -> None:
             return
         try:
             requests.send(("ok", search(scenario, options)))
+        except MemoryError:
+            error = SearchMemoryExceeded(
+                f"the search needed more than this server's {max_memory_bytes} bytes per "
+                "search (HETPLAN_MAX_SEARCH_MEMORY_BYTES) and was stopped; plan a smaller "
+                "scenario (fewer layers or GPUs)")
+            requests.send(("error", error_status(error), error_body(error)))
+            return  # a process that ran out of memory is not trusted with another search
         except Exception as error:  # every error goes back as the answer it would have been
             requests.send(("error", error_status(error), error_body(error)))
 
 
 class _SearchProcess:
-    def __init__(self, search: Search) -> None:
+    def __init__(self, search: Search, max_memory_bytes: int | None) -> None:
         self.pipe, theirs = _CONTEXT.Pipe()
-        self.process = _CONTEXT.Process(target=_serve, args=(theirs, search),
+        self.process = _CONTEXT.Process(target=_serve, args=(theirs, search, max_memory_bytes),
                                         name="hetplan-search", daemon=True)
         self.process.start()
         theirs.close()
@@ -84,11 +100,14 @@ class _SearchProcess:
 class ProcessSolver:
     """A `Solver` running `search` (default `planner.plan`) in search processes: an idle
     one is reused (its imports and caches are warm), a new one forked when none is idle;
-    one whose search overran or was cancelled is killed, and at most `max_idle` wait."""
+    one whose search overran or was cancelled is killed, and at most `max_idle` wait.
+    `max_memory_bytes` bounds each search process's address space (None: no bound)."""
 
-    def __init__(self, search: Search = planner.plan, *, max_idle: int = 4) -> None:
+    def __init__(self, search: Search = planner.plan, *, max_idle: int = 4,
+                 max_memory_bytes: int | None = None) -> None:
         self.search = search
         self.max_idle = max_idle
+        self.max_memory_bytes = max_memory_bytes
         self._idle: list[_SearchProcess] = []
         self._lock = threading.Lock()
 
@@ -120,7 +139,7 @@ class ProcessSolver:
                 if worker.process.is_alive():
                     return worker
                 worker.stop()
-        return _SearchProcess(self.search)
+        return _SearchProcess(self.search, self.max_memory_bytes)
 
     def _give_back(self, worker: _SearchProcess) -> None:
         with self._lock:

@@ -65,6 +65,23 @@ def test_a_search_process_that_overran_is_not_reused(scenario: planner.Scenario)
     solver.close()
 
 
+def needs_four_gib(scenario: planner.Scenario, options: planner.SearchOptions) -> Any:
+    return len(bytearray(4 * 2**30))
+
+
+def test_search_past_its_memory_bound_is_422_naming_the_bound(
+        scenario: planner.Scenario) -> None:
+    solver = ProcessSolver(needs_four_gib, max_memory_bytes=2**31)
+    with pytest.raises(Exception) as raised:
+        solver(scenario, OPTIONS, None)
+    assert error_status(raised.value) == 422
+    body = error_body(raised.value)
+    assert body["error"] == "search_memory_exceeded"
+    assert "2147483648 bytes" in body["message"]
+    assert "HETPLAN_MAX_SEARCH_MEMORY_BYTES" in body["message"]
+    solver.close()
+
+
 def test_hard_deadline_is_half_the_time_limit_again_plus_two_seconds() -> None:
     assert deadline_s(10.0) == 17.0
 
