@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
 import planner
@@ -464,3 +465,22 @@ def test_heartbeat_keeps_a_live_runners_jobs_from_looking_lost(
         runner.beat()
         assert runner.fail_lost_jobs() == 0
         assert client.get(f"/v1/jobs/{job['id']}").json()["status"] == "running"
+
+
+def test_job_finishes_through_a_database_blip_on_its_status_writes(
+        make_client: MakeClient, scenario: dict[str, Any], plan_document: dict[str, Any]) -> None:
+    client = make_client(solver=fixed_solver(plan_document))
+    failures = [3]
+
+    def blip(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        on_job_thread = threading.current_thread().name.startswith("hetplan-solve")
+        if on_job_thread and statement.lstrip().upper().startswith("UPDATE JOBS") \
+                and failures[0] > 0:
+            failures[0] -= 1
+            raise sa.exc.OperationalError(statement, {}, Exception("connection lost"))
+
+    sa.event.listen(client.app.state.store.engine,  # type: ignore[attr-defined]
+                    "before_cursor_execute", blip)
+    job = client.post("/v1/plans?job=true", json={"scenario": scenario}).json()
+    assert wait_job(client, job["id"], timeout_s=15)["status"] == "succeeded"
+    assert failures == [0]
