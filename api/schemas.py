@@ -34,7 +34,9 @@ Name = Annotated[str, Field(min_length=1, max_length=200, pattern=NAME_PATTERN)]
 
 
 class _In(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
+    # strict: `false` is not 0.0 and `"1"` is not 1 (a JSON body says what it means); the
+    # few fields whose JSON form is not their Python type (enums, tuples) opt out
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True, strict=True)
 
 
 class _Out(BaseModel):
@@ -136,7 +138,7 @@ class LinkValue(_In):
 
 
 class ZoneLinkValue(LinkValue):
-    zones: tuple[Name, Name]
+    zones: tuple[Name, Name] = Field(strict=False)
 
 
 class ClusterCreate(_In):
@@ -281,9 +283,9 @@ class LinkScope(StrEnum):
 class LinkIn(_In):
     """A measured link: `intra_node` needs `gpu_type`, `inter_zone` needs `zones`."""
 
-    scope: LinkScope
+    scope: LinkScope = Field(strict=False)
     gpu_type: Name | None = None
-    zones: tuple[Name, Name] | None = None
+    zones: tuple[Name, Name] | None = Field(default=None, strict=False)
     bandwidth_gb_per_s: float = Field(gt=0, le=MAX_GB_PER_S)
     latency_us: float = Field(ge=0, le=MAX_LATENCY_US)
 
