@@ -10,17 +10,19 @@ from datetime import UTC, datetime
 from typing import Any
 
 import planner
-from api.errors import json_safe
+from api.errors import ScenarioTooLarge, json_safe
 from api.services.scenarios import Assembled
 from api.settings import Settings
 from api.storage import PlanRecord, Store
 from planner.documents import Schedule, dump_document
+from planner.errors import Problem
 from planner.estimate import with_estimate
 from planner.search.api import ProgressCallback
 
 __all__ = [
     "Solver",
     "effective_options",
+    "check_size",
     "solve_and_store",
     "evaluate",
     "plan_public",
@@ -44,6 +46,25 @@ def effective_options(requested_time_limit_s: float | None, exact: bool,
         chosen["exact"] = True
     return planner.SearchOptions(**chosen, schedules=tuple(schedules), recompute=recompute,
                                  max_local_blocks=max_local_blocks)
+
+
+def check_size(scenario: planner.Scenario, settings: Settings) -> None:
+    """`ScenarioTooLarge` naming the limit when `scenario` has more layers or GPUs than the
+    server plans: checked before any search, whose memory grows with layers x layers."""
+    layers = len(scenario.model.layers)
+    gpus = sum(node.gpus for node in scenario.cluster.nodes)
+    problems = []
+    if layers > settings.max_plan_layers:
+        problems.append(Problem(path="model.layers", value=layers, message=(
+            f"{layers} layers is above this server's limit of {settings.max_plan_layers} "
+            "(HETPLAN_MAX_PLAN_LAYERS); profile coarser layers (e.g. one per block)")))
+    if gpus > settings.max_plan_gpus:
+        problems.append(Problem(path="cluster.nodes", value=gpus, message=(
+            f"{gpus} GPUs is above this server's limit of {settings.max_plan_gpus} "
+            "(HETPLAN_MAX_PLAN_GPUS); plan a part of the cluster")))
+    if problems:
+        raise ScenarioTooLarge("the scenario is too large to plan here: " +
+                               "; ".join(p.message for p in problems), problems=problems)
 
 
 def solve_and_store(

@@ -30,6 +30,12 @@ from planner.search.baselines import baseline_candidates
 from planner.search.diagnose import infeasibility_reason, no_plan_reason
 from planner.search.drafts import Candidate, Draft, best_realized, draft
 from planner.search.exact import TooLargeForExact, check_size, exact_optimum
+from planner.search.launchers import (
+    best_for_launcher,
+    check_launcher,
+    launcher_candidates,
+    runnable_by,
+)
 from planner.search.polish import polish_splits
 from planner.search.refine import rebalance
 from planner.search.schedules import (
@@ -78,6 +84,12 @@ class SearchOptions:
     `optimal`); refused with an error naming the limit when the scenario is too large."""
     finalists: int = 8
     """Candidate plans judged by the full estimator (event simulation and sync rings)."""
+    launcher: str | None = None
+    """Return the best plan this launcher format can run (`megatron`, `deepspeed`,
+    `torchtitan`, ...: one grid of identical pipelines) instead of the best plan."""
+    enumerate_small: bool = True
+    """On scenarios within exact mode's limits, also run its enumeration from the search's
+    best plan, for up to 80% of the time limit (status `optimal` when it finishes)."""
     parallel_allocations: int = 2
     """Allocation runs (pipeline caps, sync subsets) solved at once in threads; CP-SAT
     releases the GIL while it solves. The plan is the same for any value."""
@@ -168,6 +180,8 @@ def _plan(
                 "'local' forbids (every pipeline shares its blocks): plan this job without "
                 "exact mode")
         check_size(scenario)  # refused before anything is built
+    if options.launcher is not None:
+        check_launcher(options.launcher)
     # An interleaved job is searched as 1F1B (v = 1), its chunks chosen afterwards.
     searched = base_scenario(scenario)
     tables = compile_tables(searched)
@@ -193,6 +207,9 @@ def _plan(
         baselines_ready = side.submit(_judged_baselines, searched, tables, templates)
         report(0.3, f"allocating GPUs over {len(templates)} pipeline templates")
         candidates, proven = _allocation_candidates(tables, templates, options, started, report)
+        # Identical replicas of one template, at each count that splits the batch evenly:
+        # what one-grid launchers run, and at times what the allocation's linear model misses.
+        candidates.extend(launcher_candidates(tables, templates))
         report(0.7, "building baselines")
         baselines = baselines_ready.result()
     candidates.extend(c for group in baselines.values() for c, _ in group)
@@ -207,7 +224,14 @@ def _plan(
         lambda plan_doc: within_block_cap(plan_doc, max_blocks))
     best, evaluation, baseline_rates, runners_up = _judge(searched, candidates, baselines,
                                                           options, admissible)
-    if not local and (options.exact or _small_enough(searched)):
+    if options.launcher is not None:
+        report(0.9, f"restricting to what {options.launcher} runs")
+        if best is not None:
+            candidates.append(best)
+        best, evaluation = best_for_launcher(searched, options.launcher, candidates,
+                                             options.finalists)
+        runners_up = []
+    elif not local and (options.exact or (options.enumerate_small and _small_enough(searched))):
         best, evaluation, status = _exact(searched, best, evaluation, status, options, started,
                                           report)
     if best is not None and evaluation is not None and _widened(searched, allowed, options):
@@ -222,6 +246,9 @@ def _plan(
                                    deadline=deadline)
         # An interleaved job's plan must take a variant: the search planned it as 1F1B.
         must_change = _plan_schedule(best.plan, searched) not in allowed
+        if varied is not None and options.launcher is not None and not runnable_by(
+                scenario, options.launcher, varied[0].plan):
+            varied = None  # the named launcher could not run it
         if varied is not None and (must_change or (varied[1].iteration_s or math.inf)
                                    < (evaluation.iteration_s or math.inf)):
             best, evaluation = varied
