@@ -393,7 +393,7 @@ class PlanOptions(_In):
         default=None, gt=0, le=86_400,
         description="Solver wall-clock budget; capped by the server's max_time_limit_s.")
     exact: bool = Field(default=False, description="Prove the optimum on small scenarios.")
-    schedules: list[Schedule] | None = Field(
+    schedules: list[Annotated[Schedule, Field(strict=False)]] | None = Field(
         default=None, min_length=1, max_length=len(Schedule),
         description="Schedules the plan may use (default: the job's own). 'interleaved-1f1b' "
                     "lets the planner choose virtual stages; 'local' only for a job whose "
