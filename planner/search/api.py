@@ -255,7 +255,7 @@ def _plan(
             if status is PlanStatus.OPTIMAL:  # proven among the searched schedule's plans only
                 status = PlanStatus.HEURISTIC
     if best is None or evaluation is None:
-        raise Infeasible(no_plan_reason(tables))
+        raise Infeasible(_local_reason(options) if local else no_plan_reason(tables))
     wall_s = time.monotonic() - started
     unused = _unused_gpus(tables, best.plan)
     document = _annotate(best, evaluation, status, wall_s, unused, baseline_rates,
@@ -263,6 +263,15 @@ def _plan(
     report(1.0, "done")
     return PlanResult(plan=document, evaluation=evaluation, status=status, wall_s=wall_s,
                       unused_gpus=unused, baselines=baseline_rates)
+
+
+def _local_reason(options: SearchOptions) -> str:
+    cap = options.max_local_blocks
+    return ("no plan found under schedule 'local' whose pipelines share one set of blocks"
+            + ("" if cap is None else f" of at most {cap} block(s) (max_local_blocks)")
+            + " and fit in memory with the head on every block but the last; "
+            + ("raise max_local_blocks, " if cap is not None else "")
+            + "add GPUs or memory, or profile smaller micro-batches")
 
 
 def _plan_schedule(plan_doc: Plan, scenario: Scenario) -> Schedule:

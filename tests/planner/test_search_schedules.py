@@ -11,7 +11,7 @@ import pytest
 
 from planner import SearchOptions, evaluate, parse_scenario, plan
 from planner.documents import Plan, Schedule
-from planner.errors import InvalidScenario
+from planner.errors import Infeasible, InvalidScenario
 from planner.search import api as search_api
 from planner.search.drafts import Candidate
 from planner.search.exact import TooLargeForExact
@@ -236,3 +236,10 @@ def test_micro_batches_round_to_the_depth_and_the_shallowest_pipeline_takes_the_
         plan_doc.pipelines[0].model_copy(update={"num_micro_batches": 8}),
         plan_doc.pipelines[1]]})
     assert _micro_batches_for_interleaving(already) is None  # nothing to round
+
+
+def test_a_block_cap_too_low_for_memory_names_the_cap() -> None:
+    """16 layers of 2e8 parameters need 8 blocks on 10 GiB GPUs: a cap of 2 leaves none."""
+    doc = memory_bound_deep(16, global_batch_size=8, schedule="local", local_head_kind="h")
+    with pytest.raises(Infeasible, match=r"at most 2 block\(s\) \(max_local_blocks\)"):
+        plan(parse_scenario(doc), SearchOptions(time_limit_s=QUICK, max_local_blocks=2))
