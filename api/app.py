@@ -34,7 +34,8 @@ Plans for training large models on heterogeneous GPU clusters.
 
 Profilers upload measurements (`/v1/profiles`, `/v1/links`); operators register GPU types,
 models and clusters; schedulers ask for plans (`POST /v1/plans`) and poll jobs for long
-searches. Documents follow COST_MODEL.md (`hetplan-scenario/1`, `hetplan-plan/1`).
+searches. Documents follow docs/formats.md (`hetplan-scenario/1`, `hetplan-plan/1`; JSON
+Schemas at `/v1/schemas/scenario` and `/v1/schemas/plan`).
 Every error answers `{"error", "message", "problems"}` with what to change.
 """
 

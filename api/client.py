@@ -162,7 +162,7 @@ class HetplanClient:
         return self._get(f"/v1/plans/{plan_id}")
 
     def evaluate(self, scenario: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
-        """COST_MODEL.md's numbers for `plan` on `scenario` (`valid`, `errors`, ...)."""
+        """The cost model's numbers (docs/formats.md) for `plan` on `scenario` (`valid`, `errors`, ...)."""
         return self._send("POST", "/v1/evaluate",
                           json={"scenario": scenario, "plan": plan}).json()
 

@@ -173,7 +173,7 @@ class ClusterPublic(_Versioned):
 # -- profiles ----------------------------------------------------------------------------
 
 class ProfileRowIn(_In):
-    """One measurement (COST_MODEL.md section 1): one layer of `kind`, tensor-parallel
+    """One measurement (docs/formats.md): one layer of `kind`, tensor-parallel
     degree `tp`, micro-batch `micro_batch`, times per micro-batch on each GPU of the group."""
 
     gpu_type: Name | None = Field(default=None, description="If given, must equal the "
@@ -351,7 +351,7 @@ class StoredRef(_In):
 
 
 class JobIn(_In):
-    """The `job` section of a scenario (COST_MODEL.md section 1)."""
+    """The `job` section of a scenario (docs/formats.md)."""
 
     global_batch_size: int = Field(ge=1, le=1_000_000)
     schedule: Literal["1f1b", "gpipe"] = "1f1b"
@@ -369,7 +369,7 @@ class ScenarioSource(_In):
     the newest (or pinned) profiles of the model on each GPU type of the cluster."""
 
     scenario: dict[str, Any] | None = Field(
-        default=None, description="A whole hetplan-scenario/1 document (COST_MODEL.md).")
+        default=None, description="A whole hetplan-scenario/1 document (docs/formats.md).")
     cluster: Name | StoredRef | ClusterCreate | None = None
     model: Name | StoredRef | ModelCreate | None = None
     job: JobIn | None = None
@@ -397,7 +397,7 @@ class PlanRequest(ScenarioSource):
 
 
 class EvaluateRequest(ScenarioSource):
-    plan: dict[str, Any] = Field(description="A hetplan-plan/1 document (COST_MODEL.md).")
+    plan: dict[str, Any] = Field(description="A hetplan-plan/1 document (docs/formats.md).")
 
 
 class PlanSummary(_Out):

@@ -1,4 +1,4 @@
-"""Event simulation of one pipeline's schedule (COST_MODEL.md section 3).
+"""Event simulation of one pipeline's schedule (docs/formats.md, Schedules).
 
 Each stage runs its forward and backward operations one at a time in the
 schedule's fixed order; an operation starts when its stage is free and its

@@ -1,4 +1,4 @@
-"""Assemble a full scenario document (COST_MODEL.md section 1) from parts; no torch.
+"""Assemble a full scenario document (docs/formats.md) from parts; no torch.
 
 Inputs: a cluster description (the nodes, optionally links and GPU-type
 overrides), a model preset, the bundled reference rows, and optionally

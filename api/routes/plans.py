@@ -112,7 +112,7 @@ def export(plan_id: PlanId, store: StoreDep, _: ReadAuth,
 
 @evaluate_router.post("", response_model=dict[str, Any], operation_id="evaluate_plan",
                       responses=ErrorResponses.write,
-                      summary="COST_MODEL.md's numbers for a plan (valid or not)")
+                      summary="The cost model's numbers for a plan (valid or not)")
 def evaluate(body: schemas.EvaluateRequest, store: StoreDep, _: PlanAuth) -> dict[str, Any]:
     """An invalid plan is an answer (`valid: false`, `errors`), not an error status."""
     return planning.evaluate(assemble(body, store), body.plan)
