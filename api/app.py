@@ -19,6 +19,7 @@ from api.jobs import JobRunner
 from api.limits import BodyLimitMiddleware
 from api.metrics import Metrics, MetricsMiddleware
 from api.routes import ROUTERS, health
+from api.routes.docs import install_offline_docs
 from api.services.planning import Solver
 from api.settings import Settings
 from api.storage import Store, make_engine, migrate
@@ -72,7 +73,7 @@ def create_app(settings: Settings | None = None, *, solver: Solver | None = None
             engine.dispose()
 
     app = FastAPI(title="hetplan", version=API_VERSION, description=DESCRIPTION,
-                  lifespan=lifespan)
+                  lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.settings = settings
     app.state.store = store
     app.state.metrics = metrics
@@ -80,6 +81,7 @@ def create_app(settings: Settings | None = None, *, solver: Solver | None = None
     app.state.solver = solver or _default_solver
     app.state.plan_cache = LruCache(settings.plan_cache_size)
     install_error_handlers(app)
+    install_offline_docs(app)
     app.include_router(health.router)
     for router in ROUTERS:
         app.include_router(router)
