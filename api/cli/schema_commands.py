@@ -19,7 +19,10 @@ class SchemaName(StrEnum):  # the values of planner.json_schemas.DocumentKind, n
 def schema_command(
     document: Annotated[SchemaName, typer.Argument(help="Which document.")],
 ) -> None:
-    """Print the JSON Schema of a scenario or plan document (fields: docs/formats.md)."""
+    """Print the JSON Schema of a scenario or plan.
+
+    docs/formats.md explains every field; the service serves the same schemas at
+    /v1/schemas/scenario and /v1/schemas/plan."""
     from planner.json_schemas import DocumentKind, document_schema
 
     typer.echo(json.dumps(document_schema(DocumentKind(document.value)), indent=1))

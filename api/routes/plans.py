@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query, Response
+from fastapi import APIRouter, Body, Path, Query, Response
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
@@ -21,6 +21,7 @@ from api.deps import (
     StoreDep,
 )
 from api.errors import ErrorResponses, ExportUnavailable
+from api.examples import openapi_examples
 from api.services import planning
 from api.services.scenarios import assemble
 from api.storage import Store
@@ -38,7 +39,8 @@ PlanId = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[0-9a-f]+$"
     responses={**ErrorResponses.write, 202: {"model": schemas.JobPublic,
                                              "description": "A job; poll GET /v1/jobs/{id}."}},
 )
-def create(body: schemas.PlanRequest, store: StoreDep, settings: SettingsDep,
+def create(body: Annotated[schemas.PlanRequest, Body(openapi_examples=openapi_examples(
+               "/v1/plans"))], store: StoreDep, settings: SettingsDep,
            solver: SolverDep, runner: RunnerDep, metrics: MetricsDep, _: PlanAuth,
            response: Response,
            job: Annotated[bool, Query(description="Always answer with a job.")] = False,

@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,10 +18,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-import uvicorn
 
-from api.app import create_app
-from api.settings import Settings
+from tests.live_server import serving
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 LOOPBACK_HOSTS = {"127.0.0.1", "localhost"}
@@ -40,29 +35,13 @@ def chromium_executable() -> str | None:
 @dataclass
 class LiveServer:
     url: str
-    server: uvicorn.Server
 
 
 @pytest.fixture
 def live_server(tmp_path: Path) -> Iterator[LiveServer]:
     """The hetplan app on a free loopback port, SQLite in tmp_path, no auth."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    app = create_app(Settings(database_url=f"sqlite:///{tmp_path / 'browser.db'}"))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            pytest.fail("the test server did not start within 20 s")
-        time.sleep(0.02)
-    try:
-        yield LiveServer(url=f"http://127.0.0.1:{port}", server=server)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+    with serving(tmp_path / "browser.db") as url:
+        yield LiveServer(url=url)
 
 
 @dataclass
