@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from importlib.metadata import version
 from typing import Any
 
 import sqlalchemy as sa
@@ -20,13 +21,15 @@ from api.limits import BodyLimitMiddleware
 from api.metrics import Metrics, MetricsMiddleware
 from api.routes import ROUTERS, health
 from api.routes.docs import install_offline_docs
+from api.routes.ui import install_plan_viewer
 from api.services.planning import Solver
 from api.settings import Settings
 from api.storage import Store, make_engine, migrate
 
 __all__ = ["create_app", "create_app_from_env", "API_VERSION"]
 
-API_VERSION = "1.0.0"
+API_VERSION = version("hetplan")
+"""The OpenAPI document's version: the package's, so a client can tell what it talks to."""
 
 log = logging.getLogger("hetplan.api")
 
@@ -82,6 +85,7 @@ def create_app(settings: Settings | None = None, *, solver: Solver | None = None
     app.state.plan_cache = LruCache(settings.plan_cache_size)
     install_error_handlers(app)
     install_offline_docs(app)
+    install_plan_viewer(app)
     app.include_router(health.router)
     for router in ROUTERS:
         app.include_router(router)

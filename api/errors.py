@@ -2,6 +2,7 @@
 
     ApiError                     raised by the service's own layers (routes, storage, jobs)
     ├── NotFound                 404  an id or name in the URL is not stored
+    ├── Conflict                 409  the request does not fit the resource's state
     ├── InvalidRequest           422  a body names something unknown or contradicts itself
     │   └── IdempotencyKeyReused 422  same Idempotency-Key, different body
     ├── Unauthorized             401  no or unknown bearer token
@@ -43,6 +44,7 @@ from planner.errors import (
 __all__ = [
     "ApiError",
     "NotFound",
+    "Conflict",
     "InvalidRequest",
     "IdempotencyKeyReused",
     "Unauthorized",
@@ -76,6 +78,11 @@ class ApiError(Exception):
 class NotFound(ApiError):
     status = 404
     code = "not_found"
+
+
+class Conflict(ApiError):
+    status = 409
+    code = "conflict"
 
 
 class InvalidRequest(ApiError):
@@ -200,9 +207,19 @@ def _validation_problems(error: RequestValidationError) -> list[Problem]:
     return problems
 
 
+def _with_a_problem(body: dict[str, Any], status: int, request: Request) -> dict[str, Any]:
+    """A client error always lists at least one problem: without a field to blame, the
+    request's path and what is wrong with it."""
+    if status < 500 and not body["problems"]:
+        body["problems"] = [{"path": request.url.path, "message": body["message"]}]
+    return body
+
+
 async def _on_api_error(request: Request, error: Exception) -> JSONResponse:
     headers = {"WWW-Authenticate": "Bearer"} if isinstance(error, Unauthorized) else None
-    return JSONResponse(error_body(error), status_code=error_status(error), headers=headers)
+    status = error_status(error)
+    return JSONResponse(_with_a_problem(error_body(error), status, request), status_code=status,
+                        headers=headers)
 
 
 async def _on_validation_error(request: Request, error: Exception) -> JSONResponse:
@@ -219,7 +236,8 @@ async def _on_http_error(request: Request, error: Exception) -> JSONResponse:
     code = {400: "bad_request", 404: "not_found", 405: "method_not_allowed"}.get(
         error.status_code, "http_error")
     body = {"error": code, "message": str(error.detail), "problems": []}
-    return JSONResponse(body, status_code=error.status_code, headers=error.headers)
+    return JSONResponse(_with_a_problem(body, error.status_code, request),
+                        status_code=error.status_code, headers=error.headers)
 
 
 async def _on_storage_error(request: Request, error: Exception) -> JSONResponse:
@@ -246,7 +264,8 @@ def _documented(*statuses: int) -> dict[int | str, dict[str, Any]]:
     from api.schemas import ErrorPublic
 
     text = {401: "No or unknown bearer token.", 403: "The token lacks the scope.",
-            404: "Not stored.", 413: "Body above the server's limit.",
+            404: "Not stored.", 409: "Not possible in the resource's current state.",
+            413: "Body above the server's limit.",
             422: "Malformed, out-of-range or unknown input; `problems` lists paths.",
             503: "Overloaded, or the database is unreachable."}
     return {s: {"model": ErrorPublic, "description": text[s]} for s in statuses}
@@ -258,3 +277,4 @@ class ErrorResponses:
     common = _documented(401, 403, 422, 503)
     write = _documented(413)
     not_found = _documented(404)
+    conflict = _documented(409)

@@ -10,6 +10,7 @@ stderr and an exit code.
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from typing import Annotated, Any
 
 import typer
@@ -21,6 +22,7 @@ from api.cli import (
     profile_commands,
     schema_commands,
     service_commands,
+    show_commands,
 )
 
 __all__ = ["app", "main"]
@@ -30,13 +32,15 @@ class OneLineErrors(TyperGroup):
     """Usage errors (unknown option, bad value, missing file) as one line on stderr,
     `error: ...`, instead of the usage text and a box."""
 
-    def main(self, args: Any = None, prog_name: str | None = None,
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
              complete_var: str | None = None, standalone_mode: bool = True,
-             **extra: Any) -> Any:
+             windows_expand_args: bool = True, **extra: Any) -> Any:
+        options = dict(prog_name=prog_name, complete_var=complete_var,
+                       windows_expand_args=windows_expand_args, **extra)
         if not standalone_mode:
-            return super().main(args, prog_name, complete_var, False, **extra)
+            return super().main(args, standalone_mode=False, **options)
         try:
-            code = super().main(args, prog_name, complete_var, False, **extra)
+            code = super().main(args, standalone_mode=False, **options)
         except typer.TyperException as error:  # click's errors, as typer vendors them
             context = getattr(error, "ctx", None)
             hint = "" if context is None else f" (see {context.command_path} --help)"
@@ -79,7 +83,7 @@ def _root(
 
 
 for family in (plan_commands, service_commands, profile_commands, launch_commands,
-               schema_commands):
+               schema_commands, show_commands):
     family.register(app)
 
 

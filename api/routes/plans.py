@@ -30,7 +30,8 @@ router = APIRouter(prefix="/v1/plans", tags=["plans"], responses=ErrorResponses.
 evaluate_router = APIRouter(prefix="/v1/evaluate", tags=["plans"],
                             responses=ErrorResponses.common)
 
-PlanId = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[0-9a-f]+$")]
+PlanId = Annotated[str, Path(min_length=1, max_length=200, pattern=schemas.NAME_PATTERN,
+                              description="Hexadecimal; any other id is simply not stored (404).")]
 
 
 @router.post(

@@ -94,6 +94,10 @@ def cases(f: dict[str, Path]) -> list[Case]:
         Case("launch: unknown schedule", ["launch", str(PLAN_34_LAYERS_4_GPUS), "--schedule",
                                           "zigzag"], "--schedule 'zigzag'"),
         Case("schema: unknown document", ["schema", "cluster"], "cluster"),
+        Case("show: plan file without its scenario", ["show", p], "--scenario"),
+        Case("show: not a plan", ["show", str(f["not_a_plan"]), "--scenario", s], "pipelines"),
+        Case("show: unreachable server", ["show", "0123abcd", "--server", CLOSED_PORT_URL],
+             "cannot connect"),
     ]
 
 

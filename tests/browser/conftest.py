@@ -68,7 +68,8 @@ def offline_page() -> Iterator[OfflinePage]:
         offline = OfflinePage(page=context.new_page())
 
         def only_loopback(route: Any) -> None:
-            if urlsplit(route.request.url).hostname in LOOPBACK_HOSTS:
+            url = urlsplit(route.request.url)
+            if url.scheme in ("file", "data") or url.hostname in LOOPBACK_HOSTS:
                 route.continue_()
             else:
                 offline.blocked.append(route.request.url)

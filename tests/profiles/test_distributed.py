@@ -33,6 +33,7 @@ def _report_then_wait_for_the_parent(ctx: distributed.DistContext, flag: str) ->
             raise TimeoutError("the parent did not see the progress line while rank 0 ran")
         time.sleep(0.05)
     distributed.report_progress(ctx, "second")
+    distributed.dist.barrier()  # no rank leaves before the group is fully connected
     return ctx.rank
 
 
