@@ -28,6 +28,7 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the viewer load reuses the tests' server and browser helpers
 SCENARIO = ROOT / "tests" / "data" / "scenarios" / "a80x16-v32x16-gpt1.3b.json"
 HETPLAN = [sys.executable, "-c", "from api.cli import main; main()"]
 
@@ -127,7 +128,8 @@ def main() -> None:
     report("hetplan serve: first answer, fresh SQLite", serve_first_answer(args.runs))
     if not args.skip_browser:
         times, gpus = viewer_load(args.runs)
-        report(f"viewer page load, {gpus}-GPU plan (all charts drawn)", times)
+        report(f"viewer page load, 512-GPU cluster, plan using {gpus} (all charts drawn)",
+               times)
 
 
 if __name__ == "__main__":
