@@ -117,6 +117,7 @@ def _load(path: Path) -> Any:
 
 def batch(
     scenario_dir: Annotated[Path, typer.Argument(exists=True, file_okay=False,
+                                                 metavar="SCENARIO_DIR",
                                                  help="Folder of scenario documents.")],
     out: Annotated[Path, typer.Option("--out", help="Folder for the plan documents.")],
     jobs: Annotated[int, typer.Option(min=1, help="Parallel processes.")] = (
