@@ -87,7 +87,7 @@ def cases(f: dict[str, Path]) -> list[Case]:
             "--profiles", str(f["rows_not_list"])], "must hold a JSON list"),
         Case("rankmap: not JSON", ["rankmap", str(f["broken"])], "not valid JSON/YAML"),
         Case("rankmap: not a plan", ["rankmap", str(f["not_a_plan"])], "pipelines"),
-        Case("export: unknown format", ["export", p, "--format", "slurm"], "--format"),
+        Case("export: unknown format", ["export", p, "--format", "slurmish"], "--format"),
         Case("export: inexpressible plan", ["export", str(PLAN_30_GPUS), "-f", "deepspeed"],
              "cannot be exported as deepspeed", code=3),
         Case("launch: too many processes", ["launch", str(PLAN_30_GPUS)], "--max-processes"),

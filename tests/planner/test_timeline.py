@@ -21,8 +21,8 @@ def stage(forward_ms: float, backward_ms: float, transfer_s: float | None,
         gpu_type="g", tp=1, gpus=["n:0"], layers=[0, 1], forward_ms=forward_ms,
         backward_ms=backward_ms, effective_forward_ms=forward_ms + extra_ms,
         effective_backward_ms=backward_ms + extra_ms, transfer_to_next_s=transfer_s, sync_s=0.0,
-        in_flight=1, state_bytes=0.0, activation_bytes=0.0, memory_bytes=0.0, memory_gib=0.0,
-        reserved_gib=0.0, capacity_gib=1.0, fits=True)
+        in_flight=1, state_bytes=0.0, activation_bytes=0.0, activation_peak_bytes=0.0,
+        memory_bytes=0.0, memory_gib=0.0, reserved_gib=0.0, capacity_gib=1.0, fits=True)
 
 
 @st.composite
