@@ -1,6 +1,6 @@
 """One router per resource; each is thin: parse, authorize, call a service, answer."""
 
-from api.routes import catalogue, health, jobs, links, plans, profiles
+from api.routes import catalogue, health, jobs, links, plans, profiles, schemas
 
 ROUTERS = [
     catalogue.gpu_types,
@@ -11,6 +11,7 @@ ROUTERS = [
     plans.router,
     plans.evaluate_router,
     jobs.router,
+    schemas.router,
 ]
 
 __all__ = ["ROUTERS", "health"]
