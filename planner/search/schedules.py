@@ -195,7 +195,8 @@ def schedule_variants(
 ) -> Judged | None:
     """The fastest valid plan among `bases` under an allowed schedule and their variants
     (see the module's docstring), judged by the estimator under `scenario`; None if none is
-    valid. Variants stop being built at `deadline` (monotonic seconds)."""
+    valid. Variants stop being built at `deadline` (monotonic seconds), but not before a
+    plan of an allowed schedule is found (an interleaved job's base plans are 1F1B)."""
     best: Judged | None = None
     seen: set[str] = set()
 
@@ -225,7 +226,7 @@ def schedule_variants(
                 < (best[1].iteration_s or math.inf)):
             best = (candidate, known)
         for plan, origin in _variants(tables, candidate, allowed, recompute):
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline and best is not None:
                 return best
             judge(plan, origin)
     return best

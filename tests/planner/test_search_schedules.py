@@ -243,3 +243,17 @@ def test_a_block_cap_too_low_for_memory_names_the_cap() -> None:
     doc = memory_bound_deep(16, global_batch_size=8, schedule="local", local_head_kind="h")
     with pytest.raises(Infeasible, match=r"at most 2 block\(s\) \(max_local_blocks\)"):
         plan(parse_scenario(doc), SearchOptions(time_limit_s=QUICK, max_local_blocks=2))
+
+
+def test_past_its_deadline_the_variant_step_still_gives_a_plan_of_an_allowed_schedule() -> None:
+    scenario = parse_scenario(deep(8, global_batch_size=2, schedule="interleaved-1f1b"))
+    base = Plan.model_validate({"format": "hetplan-plan/1", "schedule": "1f1b", "pipelines": [{
+        "micro_batch_size": 1, "num_micro_batches": 2, "stages": [
+            {"gpu_type": "G", "tp": 1, "gpus": ["n0:0"], "layers": [0, 4]},
+            {"gpu_type": "G", "tp": 1, "gpus": ["n0:1"], "layers": [4, 8]}]}]})
+    found = schedule_variants(
+        scenario, compile_tables(scenario),
+        [(Candidate.of(base, quick_s=1.0, origin="hand-made"), evaluate(scenario, base))],
+        (Schedule.INTERLEAVED_1F1B,), recompute=False, deadline=0.0)
+    assert found is not None and found[0].plan.schedule is Schedule.INTERLEAVED_1F1B
+    assert found[1].valid
