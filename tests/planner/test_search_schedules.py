@@ -196,14 +196,19 @@ def test_common_blocks_cut_where_the_slowest_pipeline_balances_with_its_head() -
                          [Candidate.of(uneven, quick_s=1.0, origin="hand-made")], 1) == []
 
 
+def two_stages_of_four_layers() -> Plan:
+    """A 1F1B plan on `deep(8)`: one pipeline, stages [0, 4) and [4, 8), 2 micro-batches."""
+    return Plan.model_validate({"format": "hetplan-plan/1", "schedule": "1f1b", "pipelines": [{
+        "micro_batch_size": 1, "num_micro_batches": 2, "stages": [
+            {"gpu_type": "G", "tp": 1, "gpus": ["n0:0"], "layers": [0, 4]},
+            {"gpu_type": "G", "tp": 1, "gpus": ["n0:1"], "layers": [4, 8]}]}]})
+
+
 def test_interleaving_lays_out_each_stages_chunks_in_model_order() -> None:
     """Two stages of 4 uniform layers each, v = 2: chunk j of stage s is model chunk
     2j + s, two layers each, so stage 0 holds [0, 2) and [4, 6)."""
     scenario = parse_scenario(deep(8, global_batch_size=2))
-    base = Plan.model_validate({"format": "hetplan-plan/1", "schedule": "1f1b", "pipelines": [{
-        "micro_batch_size": 1, "num_micro_batches": 2, "stages": [
-            {"gpu_type": "G", "tp": 1, "gpus": ["n0:0"], "layers": [0, 4]},
-            {"gpu_type": "G", "tp": 1, "gpus": ["n0:1"], "layers": [4, 8]}]}]})
+    base = two_stages_of_four_layers()
     found = schedule_variants(
         scenario, compile_tables(scenario),
         [(Candidate.of(base, quick_s=1.0, origin="hand-made"), evaluate(scenario, base))],
@@ -247,10 +252,7 @@ def test_a_block_cap_too_low_for_memory_names_the_cap() -> None:
 
 def test_past_its_deadline_the_variant_step_still_gives_a_plan_of_an_allowed_schedule() -> None:
     scenario = parse_scenario(deep(8, global_batch_size=2, schedule="interleaved-1f1b"))
-    base = Plan.model_validate({"format": "hetplan-plan/1", "schedule": "1f1b", "pipelines": [{
-        "micro_batch_size": 1, "num_micro_batches": 2, "stages": [
-            {"gpu_type": "G", "tp": 1, "gpus": ["n0:0"], "layers": [0, 4]},
-            {"gpu_type": "G", "tp": 1, "gpus": ["n0:1"], "layers": [4, 8]}]}]})
+    base = two_stages_of_four_layers()
     found = schedule_variants(
         scenario, compile_tables(scenario),
         [(Candidate.of(base, quick_s=1.0, origin="hand-made"), evaluate(scenario, base))],
