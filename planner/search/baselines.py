@@ -117,8 +117,7 @@ def _type_orders(
 def _per_type(ctx: TemplateContext) -> Iterator[Draft | None]:
     """Homogeneous pipelines per class, side by side, the batch split by speed."""
     tables = ctx.tables
-    hint = 8 if tables.scenario.job.zero_stage >= 1 else 1
-    options = [class_options(ctx, cls, num_pipelines=hint) for cls in tables.classes]
+    options = [class_options(ctx, cls) for cls in tables.classes]
     for choice in per_type_choices(tables, options):
         pipelines = [o.template for o in choice for _ in range(o.copies)]
         yield draft(tables, pipelines, "per-type baseline")

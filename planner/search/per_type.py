@@ -39,6 +39,8 @@ NUM_THRESHOLDS = 16
 BISECTIONS = 20
 DESCENT_ROUNDS = 4
 DESCENT_STARTS = 6
+SHARDED_OVER = 8
+"""Under ZeRO, templates are also sized for this many pipelines sharing optimizer state."""
 """Sets of least estimated time, from the threshold sweep, that descent starts from."""
 
 
@@ -58,17 +60,20 @@ def heaviest_gradient(template: PipelineTemplate, params: Sequence[float]) -> fl
                for start, end, shape in zip(bounds[:-1], bounds[1:], template.stages, strict=True))
 
 
-def class_options(
-    ctx: TemplateContext, cls: ResourceClass, *, num_pipelines: int = 1
-) -> list[ClassOption]:
+def class_options(ctx: TemplateContext, cls: ResourceClass) -> list[ClassOption]:
     """Every depth and profiled point of the class, with all its replicas, half and a quarter
-    of them (fewer GPUs on a node share its network interfaces among fewer rings)."""
+    of them (fewer GPUs on a node share its network interfaces among fewer rings). Under
+    ZeRO, state sharded over eight pipelines fits deeper into memory: such templates are
+    offered too, with at least eight replicas, where that sharding holds whatever else
+    the plan runs."""
     options = []
-    for template in homogeneous_templates(ctx, cls, num_pipelines=num_pipelines):
-        most = cls.slots(template.stages[0].tp) // template.num_stages
-        for copies in sorted({most, -(-most // 2), -(-most // 4)}, reverse=True):
-            if copies > 0:
-                options.append(ClassOption(template=template, copies=copies))
+    sharded = ctx.scenario.job.zero_stage >= 1
+    for hint in (1, SHARDED_OVER) if sharded else (1,):
+        for template in homogeneous_templates(ctx, cls, num_pipelines=hint):
+            most = cls.slots(template.stages[0].tp) // template.num_stages
+            for copies in sorted({most, -(-most // 2), -(-most // 4)}, reverse=True):
+                if copies >= hint:
+                    options.append(ClassOption(template=template, copies=copies))
     return options
 
 

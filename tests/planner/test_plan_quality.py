@@ -246,3 +246,28 @@ def test_an_unknown_launcher_is_refused_with_the_known_ones() -> None:
     scenario = parse_scenario(tiny())
     with pytest.raises(ValueError, match="unknown launcher 'slurmish'.*megatron"):
         plan(scenario, SearchOptions(launcher="slurmish"))
+
+
+def deep_model_under_zero() -> dict[str, Any]:
+    """96 GPUs of two types (H100, H200) and an 82-layer model about 70B parameters large
+    (the LLaMA-13B scenario's blocks scaled), optimizer state sharded (ZeRO-1)."""
+    doc = json.loads((DATA / "scenarios" / "h200x8-h100x16-a80x16-llama13b.json").read_text())
+    doc["cluster"]["nodes"] = [{"name": f"{t[:4].lower()}-{i}", "gpu_type": t, "gpus": 8}
+                               for t in ("H100-80G", "H200-141G") for i in range(6)]
+    layers = doc["model"]["layers"]
+    doc["model"]["layers"] = [layers[0], *["block"] * 80, layers[-1]]
+    doc["model"]["kinds"]["block"]["params"] = int(doc["model"]["kinds"]["block"]["params"] * 2.7)
+    for row in doc["profiles"]:
+        if row["kind"] == "block":
+            row.update(forward_ms=row["forward_ms"] * 2.7, backward_ms=row["backward_ms"] * 2.7,
+                       activation_bytes=int(row["activation_bytes"] * 1.6))
+    doc["job"].update(global_batch_size=1024, zero_stage=1)
+    return doc
+
+
+def test_per_type_plans_under_zero_stay_valid_for_their_own_pipeline_count() -> None:
+    # Templates sized for state sharded over eight pipelines are valid only with eight or
+    # more: a per-type plan of fewer must not use them.
+    result = plan(parse_scenario(deep_model_under_zero()), SearchOptions(time_limit_s=5))
+    assert result.baselines["per_type"] is not None
+    assert result.evaluation.valid
