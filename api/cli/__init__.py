@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import typer
 
-from api.cli import launch_commands, plan_commands, profile_commands, service_commands
+from api.cli import (
+    cost_commands,
+    launch_commands,
+    plan_commands,
+    profile_commands,
+    service_commands,
+)
 
 app = typer.Typer(
     name="hetplan",
@@ -13,7 +19,7 @@ app = typer.Typer(
     add_completion=False,
 )
 
-for family in (plan_commands, service_commands, profile_commands, launch_commands):
+for family in (plan_commands, service_commands, profile_commands, launch_commands, cost_commands):
     family.register(app)
 
 

@@ -16,14 +16,13 @@ from planner import (
     Evaluation,
     PlannerError,
     PlanResult,
-    SearchOptions,
     evaluate,
     parse_plan,
     parse_scenario,
-    plan,
 )
 from planner.documents import dump_document
 from planner.estimate import ChunkedStageEstimate, StageEstimate, with_estimate
+from planner.fleet import Objective, ObjectiveOptions, plan_with_objective
 
 __all__ = ["register", "load_document"]
 
@@ -55,13 +54,23 @@ def plan_command(
     time_limit_s: Annotated[float, typer.Option("--time-limit", help="Search budget, s.")] = 10.0,
     server: Annotated[str | None, typer.Option(help="Plan on a hetplan server at this URL.")] = None,
     token: Annotated[str | None, typer.Option(envvar="HETPLAN_TOKEN", help="Bearer token.")] = None,
+    objective: Annotated[str, typer.Option(
+        help="throughput (most samples/s) or cost (least USD per million tokens).")] = "throughput",
+    max_usd_per_hour: Annotated[float | None, typer.Option(
+        min=0, help="Budget: USD/hour of the GPUs the plan uses.")] = None,
+    min_samples_per_s: Annotated[float | None, typer.Option(
+        min=0, help="Floor: samples/s the plan must reach.")] = None,
 ) -> None:
     """Find the best plan for a scenario and print a summary."""
     document = load_document(scenario_path)
     if server is not None:
         from api.client import HetplanClient
 
-        body = HetplanClient(server, token=token).create_plan(document, time_limit_s=time_limit_s)
+        goal = {"objective": objective, "max_usd_per_hour": max_usd_per_hour,
+                "min_samples_per_s": min_samples_per_s}
+        body = HetplanClient(server, token=token).request_plan(
+            {"scenario": document, "options": {k: v for k, v in goal.items() if v is not None}},
+            time_limit_s=time_limit_s)
         plan_doc = body.get("plan", body)
         _write(plan_doc, output)
         console.print_json(json.dumps(body.get("estimate") or plan_doc.get("estimate")))
@@ -70,12 +79,26 @@ def plan_command(
         scenario = parse_scenario(document)
         with Progress(console=console, transient=True) as bar:
             task = bar.add_task("planning", total=1.0)
-            result = plan(scenario, SearchOptions(time_limit_s=time_limit_s),
-                          progress=lambda f, msg: bar.update(task, completed=f, description=msg))
+            result = plan_with_objective(
+                scenario, _objective_options(objective, time_limit_s, max_usd_per_hour,
+                                             min_samples_per_s),
+                progress=lambda f, msg: bar.update(task, completed=f, description=msg))
     except PlannerError as error:
         raise _fail(error) from None
     _print_result(result)
     _write(dump_document(with_estimate(result.plan, result.evaluation)), output)
+
+
+def _objective_options(objective: str, time_limit_s: float, max_usd_per_hour: float | None,
+                       min_samples_per_s: float | None) -> ObjectiveOptions:
+    try:
+        chosen = Objective(objective)
+    except ValueError:
+        raise typer.BadParameter(f"--objective {objective!r}: expected one of "
+                                 f"{', '.join(o.value for o in Objective)}") from None
+    return ObjectiveOptions(time_limit_s=time_limit_s, objective=chosen,
+                            max_usd_per_hour=max_usd_per_hour,
+                            min_samples_per_s=min_samples_per_s)
 
 
 def evaluate_command(

@@ -47,8 +47,8 @@ def create(body: schemas.PlanRequest, store: StoreDep, settings: SettingsDep,
     answered inline; longer ones (or `?job=true`) become a job. Time limits above the
     server's `max_time_limit_s` are capped (`options.time_limit_s` in the answer)."""
     assembled = assemble(body, store)
-    options = planning.effective_options(body.options.time_limit_s, body.options.exact,
-                                         settings)
+    options = planning.with_goal(planning.effective_options(
+        body.options.time_limit_s, body.options.exact, settings), body.options)
     if job or options.time_limit_s > settings.sync_solve_threshold_s:
         record = runner.submit(assembled, options)
         public = schemas.JobPublic.model_validate(record, from_attributes=True)

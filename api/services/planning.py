@@ -16,12 +16,15 @@ from api.settings import Settings
 from api.storage import PlanRecord, Store
 from planner.documents import dump_document
 from planner.estimate import with_estimate
+from planner.fleet import Objective, ObjectiveOptions, plan_with_objective
 from planner.search.api import ProgressCallback
 
 __all__ = [
     "Solver",
     "effective_options",
+    "with_goal",
     "solve_and_store",
+    "store_result",
     "evaluate",
     "plan_public",
     "plan_summary",
@@ -42,6 +45,17 @@ def effective_options(requested_time_limit_s: float | None, exact: bool,
     return planner.SearchOptions(**chosen)
 
 
+def with_goal(options: planner.SearchOptions, requested: Any) -> planner.SearchOptions:
+    """`options` with the request's goal in money (`objective`, `max_usd_per_hour`,
+    `min_samples_per_s`), when it has one."""
+    goal = ObjectiveOptions(**{f.name: getattr(options, f.name)
+                               for f in dataclasses.fields(options)},
+                            objective=Objective(requested.objective),
+                            max_usd_per_hour=requested.max_usd_per_hour,
+                            min_samples_per_s=requested.min_samples_per_s)
+    return goal if goal.needs_fleets else options
+
+
 def solve_and_store(
     assembled: Assembled,
     options: planner.SearchOptions,
@@ -55,13 +69,21 @@ def solve_and_store(
     `observe(status, seconds)` is told every solve's outcome (for metrics)."""
     started = time.perf_counter()
     try:
-        result = solver(assembled.scenario, options, progress)
+        # A goal in money plans sub-fleets with the search itself, not the injected solver.
+        solve = plan_with_objective if isinstance(options, ObjectiveOptions) else solver
+        result = solve(assembled.scenario, options, progress)
     except Exception as error:
         if observe is not None:
             observe(type(error).__name__, time.perf_counter() - started)
         raise
     if observe is not None:
         observe(str(result.status), result.wall_s)
+    return store_result(assembled, options, result, store=store)
+
+
+def store_result(assembled: Assembled, options: planner.SearchOptions,
+                 result: planner.PlanResult, *, store: Store) -> PlanRecord:
+    """Store one search result with its sources and options; the stored record."""
     record = PlanRecord(
         id=uuid.uuid4().hex,
         created_at=datetime.now(UTC),
@@ -72,11 +94,18 @@ def solve_and_store(
         unused_gpus=dict(result.unused_gpus),
         sources=assembled.sources,
         options={"time_limit_s": options.time_limit_s,
-                 "exact": bool(getattr(options, "exact", False))},
+                 "exact": bool(getattr(options, "exact", False)), **_goal(options)},
         scenario=json_safe(assembled.document),
     )
     store.add_plan(record)
     return record
+
+
+def _goal(options: planner.SearchOptions) -> dict[str, Any]:
+    if not isinstance(options, ObjectiveOptions):
+        return {}
+    return {"objective": options.objective.value, "max_usd_per_hour": options.max_usd_per_hour,
+            "min_samples_per_s": options.min_samples_per_s}
 
 
 def evaluate(assembled: Assembled, plan_document: dict[str, Any]) -> dict[str, Any]:
