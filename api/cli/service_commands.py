@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-__all__ = ["register", "BatchOutcome", "plan_file"]
+__all__ = ["register", "BatchOutcome", "plan_file", "plan_file_task"]
 
 SCENARIO_SUFFIXES = (".json", ".yaml", ".yml")
 
@@ -92,6 +90,11 @@ def plan_file(path: Path, out_dir: Path, time_limit_s: float) -> BatchOutcome:
                         wall_s=result.wall_s, plan_path=str(target))
 
 
+def plan_file_task(task: tuple[Path, Path, float]) -> BatchOutcome:
+    """`plan_file` on one (scenario path, output folder, time limit): a sweep's task."""
+    return plan_file(*task)
+
+
 def _stem(path: Path) -> str:
     return path.name[: -len(path.suffix)] if path.suffix else path.name
 
@@ -113,6 +116,9 @@ def batch(
         os.cpu_count() or 1),
     time_limit_s: Annotated[float, typer.Option(min=0.1, help="Search budget per "
                                                 "scenario.")] = 10.0,
+    ray: Annotated[str | None, typer.Option(
+        "--ray", metavar="ADDRESS", help="Plan as Ray tasks: `auto` starts a local Ray, "
+        "else the cluster's address (workers must see --out).")] = None,
 ) -> None:
     """Plan every scenario in SCENARIO_DIR in parallel; exit 1 if any failed."""
     from rich.console import Console
@@ -128,14 +134,18 @@ def batch(
     console = Console(stderr=True)
     outcomes: list[BatchOutcome] = []
     columns = ("{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console) as progress, ProcessPoolExecutor(
-        max_workers=min(jobs, len(paths)), mp_context=get_context("spawn")
-    ) as pool:
-        task = progress.add_task("planning", total=len(paths))
-        futures = [pool.submit(plan_file, p, out, time_limit_s) for p in paths]
-        for future in as_completed(futures):
-            outcomes.append(future.result())
-            progress.advance(task)
+    from api.sweeps import RayUnavailable, sweep_mapper
+
+    try:
+        with Progress(*columns, console=console) as progress, sweep_mapper(
+                ray, min(jobs, len(paths))) as mapper:
+            task = progress.add_task("planning", total=len(paths))
+            for outcome in mapper(plan_file_task, [(p, out, time_limit_s) for p in paths]):
+                outcomes.append(outcome)
+                progress.advance(task)
+    except RayUnavailable as error:
+        typer.echo(f"hetplan batch: {error}", err=True)
+        raise typer.Exit(2) from None
     outcomes.sort(key=lambda o: o.scenario)
     (out / "batch-summary.json").write_text(
         json.dumps([asdict(o) for o in outcomes], indent=2) + "\n")
