@@ -417,6 +417,13 @@ class WhatIfRow:
     num_gpus: int = 0
     errors: list[str] = field(default_factory=list)
 
+    def numbers(self) -> dict[str, Any]:
+        """The row without its plan: name, GPUs, speed, price, changes, errors."""
+        return {key: getattr(self, key) for key in (
+            "name", "num_gpus", "samples_per_s", "usd_per_hour", "usd_per_million_tokens",
+            "samples_per_s_change", "usd_per_hour_change", "usd_per_million_tokens_change",
+            "errors")}
+
 
 def _relative(value: float | None, base: float | None) -> float | None:
     if value is None or base is None or base == 0:

@@ -207,18 +207,12 @@ def whatif(
     _print_rows(rows)
 
 
-def whatif_row(row: WhatIfRow, plan_id: str | None = None) -> dict[str, Any]:
-    """One what-if row as the CLI and the API print it (the plan by id when stored)."""
+def whatif_row(row: WhatIfRow) -> dict[str, Any]:
+    """One what-if row as `--json` prints it, with its plan."""
     from planner.documents import dump_document
 
     result = row.outcome.result
-    shown = {key: getattr(row, key) for key in (
-        "name", "num_gpus", "samples_per_s", "usd_per_hour", "usd_per_million_tokens",
-        "samples_per_s_change", "usd_per_hour_change", "usd_per_million_tokens_change",
-        "errors")}
-    if plan_id is not None:
-        return {**shown, "plan_id": plan_id}
-    return {**shown, "plan": None if result is None else dump_document(result.plan)}
+    return {**row.numbers(), "plan": None if result is None else dump_document(result.plan)}
 
 
 def _change(value: float | None) -> str:

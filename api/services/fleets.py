@@ -62,10 +62,7 @@ def what_if_and_store(assembled: Assembled, variants: list[fleet.FleetVariant],
     changed = [None, *variants]
     answer = []
     for row, variant in zip(rows, changed, strict=True):
-        shown = {key: getattr(row, key) for key in (
-            "name", "num_gpus", "samples_per_s", "usd_per_hour", "usd_per_million_tokens",
-            "samples_per_s_change", "usd_per_hour_change", "usd_per_million_tokens_change",
-            "errors")}
+        shown = row.numbers()
         result = row.outcome.result
         if result is not None:
             shown["plan_id"] = store_result(_variant(assembled, variant), options, result,

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import planner
+from api import schemas
 from api.errors import json_safe
 from api.services.scenarios import Assembled
 from api.settings import Settings
@@ -45,7 +46,8 @@ def effective_options(requested_time_limit_s: float | None, exact: bool,
     return planner.SearchOptions(**chosen)
 
 
-def with_goal(options: planner.SearchOptions, requested: Any) -> planner.SearchOptions:
+def with_goal(options: planner.SearchOptions,
+              requested: schemas.PlanOptions) -> planner.SearchOptions:
     """`options` with the request's goal in money (`objective`, `max_usd_per_hour`,
     `min_samples_per_s`), when it has one."""
     goal = ObjectiveOptions(**{f.name: getattr(options, f.name)
