@@ -6,6 +6,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.api.conftest import MakeClient
+from tests.api.test_service_plans import wait_job
 from tests.planner.fleet_scenarios import priced
 
 BOTH = 4 / 0.0094  # both GPUs of the priced scenario (see tests/planner/test_fleet.py)
@@ -78,3 +79,15 @@ def test_plan_budget_no_plan_meets_names_the_closest_plan(client: TestClient) ->
     body = response.json()
     assert body["error"] == "infeasible"
     assert "S 1/1 nodes, reaches 166.7 samples/s at $1/hour" in body["message"]
+
+
+def test_plan_job_with_cost_objective_stores_the_cheapest_per_token_plan(
+        client: TestClient) -> None:
+    response = client.post("/v1/plans?job=true", json={"scenario": priced(), "options": {
+        "time_limit_s": 1, "objective": "cost"}})
+    assert response.status_code == 202, response.text
+    job = wait_job(client, response.json()["id"])
+    assert job["status"] == "succeeded", job
+    stored = client.get(f"/v1/plans/{job['plan_id']}").json()
+    assert stored["evaluation"]["usd_per_hour"] == 1.0
+    assert stored["options"]["objective"] == "cost"

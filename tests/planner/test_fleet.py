@@ -181,3 +181,14 @@ def test_what_if_link_change_reaches_the_plan() -> None:
     # At 1 GB/s the sync takes 4 ms: both GPUs need at least 9 + 4 ms, F alone 12 ms wins.
     assert row.samples_per_s == pytest.approx(F_ALONE)
     assert row.samples_per_s_change == pytest.approx(F_ALONE / BOTH - 1)
+
+
+@given(st.integers(1, 6), st.integers(1, 6), st.integers(1, 60))
+def test_sub_fleets_are_distinct_subsets_with_the_whole_fleet_first(
+        fast_nodes: int, slow_nodes: int, max_fleets: int) -> None:
+    whole = scenario(fast_nodes, slow_nodes)
+    fleets = fleet.sub_fleets(whole, max_fleets)
+    names = [tuple(n.name for n in f.scenario.cluster.nodes) for f in fleets]
+    assert names[0] == tuple(n.name for n in whole.cluster.nodes)
+    assert len(set(names)) == len(names) <= max_fleets
+    assert all(set(kept) <= set(names[0]) and kept for kept in names)
