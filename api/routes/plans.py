@@ -44,12 +44,14 @@ def create(body: schemas.PlanRequest, store: StoreDep, settings: SettingsDep,
            job: Annotated[bool, Query(description="Always answer with a job.")] = False,
            ) -> Any:
     """Searches whose time limit is at most the server's `sync_solve_threshold_s` are
-    answered inline; longer ones (or `?job=true`) become a job. Time limits above the
+    answered inline; longer ones (or `?job=true`) become a job. A goal in money
+    (`objective` cost, a budget or a floor) plans sub-fleets in turn: its time limit
+    counts once per sub-fleet. Time limits above the
     server's `max_time_limit_s` are capped (`options.time_limit_s` in the answer)."""
     assembled = assemble(body, store)
     options = planning.with_goal(planning.effective_options(
         body.options.time_limit_s, body.options.exact, settings), body.options)
-    if job or options.time_limit_s > settings.sync_solve_threshold_s:
+    if job or planning.search_budget_s(assembled.scenario, options) > settings.sync_solve_threshold_s:
         record = runner.submit(assembled, options)
         public = schemas.JobPublic.model_validate(record, from_attributes=True)
         return JSONResponse(public.model_dump(mode="json"), status_code=202,

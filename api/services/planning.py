@@ -17,13 +17,14 @@ from api.settings import Settings
 from api.storage import PlanRecord, Store
 from planner.documents import dump_document
 from planner.estimate import with_estimate
-from planner.fleet import Objective, ObjectiveOptions, plan_with_objective
+from planner.fleet import Objective, ObjectiveOptions, plan_with_objective, sub_fleets
 from planner.search.api import ProgressCallback
 
 __all__ = [
     "Solver",
     "effective_options",
     "with_goal",
+    "search_budget_s",
     "solve_and_store",
     "store_result",
     "evaluate",
@@ -56,6 +57,14 @@ def with_goal(options: planner.SearchOptions,
                             max_usd_per_hour=requested.max_usd_per_hour,
                             min_samples_per_s=requested.min_samples_per_s)
     return goal if goal.needs_fleets else options
+
+
+def search_budget_s(scenario: planner.Scenario, options: planner.SearchOptions) -> float:
+    """The longest the search may run: the time limit, once per sub-fleet under a goal in
+    money (whose answer plans them in turn)."""
+    if isinstance(options, ObjectiveOptions):
+        return options.time_limit_s * len(sub_fleets(scenario, options.max_fleets))
+    return options.time_limit_s
 
 
 def solve_and_store(

@@ -91,3 +91,13 @@ def test_plan_job_with_cost_objective_stores_the_cheapest_per_token_plan(
     stored = client.get(f"/v1/plans/{job['plan_id']}").json()
     assert stored["evaluation"]["usd_per_hour"] == 1.0
     assert stored["options"]["objective"] == "cost"
+
+
+def test_plan_with_a_goal_longer_than_the_inline_threshold_becomes_a_job(
+        make_client: MakeClient) -> None:
+    # Three sub-fleets of 1 s each: 3 s of search, above a 2 s inline threshold.
+    client = make_client(sync_solve_threshold_s=2.0)
+    response = client.post("/v1/plans", json={"scenario": priced(), "options": {
+        "time_limit_s": 1, "objective": "cost"}})
+    assert response.status_code == 202, response.text
+    assert wait_job(client, response.json()["id"])["status"] == "succeeded"
