@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -13,6 +14,8 @@ from fastapi import FastAPI
 from sqlalchemy.exc import SQLAlchemyError
 
 import planner
+from api.admission import InlineSolves
+from api.auth import openapi_as_configured
 from api.cache import LruCache
 from api.errors import install_error_handlers
 from api.jobs import JobRunner
@@ -21,6 +24,7 @@ from api.metrics import Metrics, MetricsMiddleware
 from api.routes import ROUTERS, health
 from api.services.planning import Solver
 from api.settings import Settings
+from api.solving import ProcessSolver, start_search_server
 from api.storage import Store, make_engine, migrate
 
 __all__ = ["create_app", "create_app_from_env", "API_VERSION"]
@@ -39,8 +43,8 @@ Every error answers `{"error", "message", "problems"}` with what to change.
 """
 
 
-def _default_solver(scenario: planner.Scenario, options: planner.SearchOptions,
-                    progress: Any) -> planner.PlanResult:
+def _in_process_solver(scenario: planner.Scenario, options: planner.SearchOptions,
+                       progress: Any) -> planner.PlanResult:
     return planner.plan(scenario, options, progress=progress)
 
 
@@ -50,24 +54,32 @@ def create_app(settings: Settings | None = None, *, solver: Solver | None = None
     the one built from `settings.database_url`."""
     settings = settings or Settings()
     engine = engine or make_engine(settings.database_url)
+    solver = solver or (ProcessSolver(max_memory_bytes=settings.max_search_memory_bytes)
+                        if settings.solve_in_processes else _in_process_solver)
     store = Store(engine)
     metrics = Metrics()
-    runner = JobRunner(store=store, solver=solver or _default_solver, metrics=metrics,
+    runner = JobRunner(store=store, solver=solver, metrics=metrics,
                        workers=settings.solver_workers, max_pending=settings.max_pending_jobs)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if settings.migrate_on_startup:
             migrate(engine)
+        if isinstance(solver, ProcessSolver):
+            start_search_server()
         runner.start()
         try:
             runner.fail_lost_jobs()  # jobs of a process that died while running them
         except SQLAlchemyError:  # no schema yet (migrations run elsewhere): nothing to fail
             logging.getLogger("hetplan").warning("could not check for lost plan jobs at start-up")
+        app.state.probe_pool = ThreadPoolExecutor(1, thread_name_prefix="hetplan-probe")
         try:
             yield
         finally:
             runner.shutdown()
+            if isinstance(solver, ProcessSolver):
+                solver.close()
+            app.state.probe_pool.shutdown(wait=False, cancel_futures=True)
             engine.dispose()
 
     app = FastAPI(title="hetplan", version=API_VERSION, description=DESCRIPTION,
@@ -76,8 +88,10 @@ def create_app(settings: Settings | None = None, *, solver: Solver | None = None
     app.state.store = store
     app.state.metrics = metrics
     app.state.runner = runner
-    app.state.solver = solver or _default_solver
-    app.state.plan_cache = LruCache(settings.plan_cache_size)
+    app.state.solver = solver
+    app.state.plan_cache = LruCache(settings.plan_cache_bytes)
+    app.state.inline_solves = InlineSolves(settings.max_inline_solves)
+    app.openapi = openapi_as_configured(app, settings)  # type: ignore[method-assign]
     install_error_handlers(app)
     app.include_router(health.router)
     for router in ROUTERS:

@@ -9,16 +9,29 @@ the route's scope (or `admin`), and reads need any valid token when
 from __future__ import annotations
 
 import hmac
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import Depends, Request
+from fastapi import Depends, FastAPI, Request
+from fastapi.dependencies.models import Dependant
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security.utils import get_authorization_scheme_param
 
 from api.errors import Forbidden, Unauthorized
+from api.route_table import flat_routes
 from api.settings import Scope, Settings
 
-__all__ = ["Principal", "require", "authorize"]
+__all__ = [
+    "Principal",
+    "Requirement",
+    "require",
+    "authorize",
+    "bearer_token",
+    "required_scope",
+    "openapi_as_configured",
+]
 
 _bearer = HTTPBearer(auto_error=False, description="A token from HETPLAN_TOKENS.")
 
@@ -61,6 +74,28 @@ def _scopes_of(settings: Settings, token: str | None) -> list[Scope] | None:
     return found
 
 
+@dataclass(frozen=True)
+class Requirement:
+    """What a route's auth dependency asks for (`scope` None: any reader)."""
+
+    scope: Scope | None
+
+
+def bearer_token(request: Request) -> str | None:
+    """The token of an `Authorization: Bearer TOKEN` header, read as `HTTPBearer` does."""
+    scheme, token = get_authorization_scheme_param(request.headers.get("Authorization"))
+    return token if scheme.lower() == "bearer" and token else None
+
+
+def required_scope(dependant: Dependant) -> Requirement | None:
+    """The requirement of the `require(...)` dependency among a route's, if it has one."""
+    for sub in dependant.dependencies:
+        found = getattr(sub.call, "requirement", None) or required_scope(sub)
+        if found is not None:
+            return found
+    return None
+
+
 def require(needed: Scope | None):  # type: ignore[no-untyped-def]
     """A dependency that admits callers with `needed` (None: any reader)."""
 
@@ -72,4 +107,36 @@ def require(needed: Scope | None):  # type: ignore[no-untyped-def]
         token = credentials.credentials if credentials is not None else None
         return authorize(settings, token, needed)
 
+    dependency.requirement = Requirement(needed)  # type: ignore[attr-defined]
     return dependency
+
+
+def _needs_token(requirement: Requirement | None, settings: Settings) -> bool:
+    if requirement is None or not settings.tokens:
+        return False
+    return requirement.scope is not None or settings.read_requires_token
+
+
+def openapi_as_configured(app: FastAPI, settings: Settings) -> Callable[[], dict[str, Any]]:
+    """`app.openapi` declaring bearer security only on operations that need a token with
+    these settings: none without tokens, writes with tokens, reads too when
+    `read_requires_token` is set. A client (or schemathesis) then knows what to send."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = generate()
+        for route in flat_routes(app.router.routes):
+            if not isinstance(route, APIRoute):
+                continue
+            needs = _needs_token(required_scope(route.dependant), settings)
+            for method in route.methods:
+                operation = schema["paths"].get(route.path_format, {}).get(method.lower())
+                if operation is not None and not needs:
+                    operation.pop("security", None)
+        if not settings.tokens:
+            schema.get("components", {}).pop("securitySchemes", None)
+        return schema
+
+    return openapi

@@ -3,12 +3,16 @@
     ApiError                     raised by the service's own layers (routes, storage, jobs)
     ├── NotFound                 404  an id or name in the URL is not stored
     ├── InvalidRequest           422  a body names something unknown or contradicts itself
-    │   └── IdempotencyKeyReused 422  same Idempotency-Key, different body
+    │   ├── IdempotencyKeyReused 422  same Idempotency-Key, different body
+    │   ├── ScenarioTooLarge     422  more layers or GPUs than the server plans
+    │   └── SearchMemoryExceeded 422  a search needed more than its memory bound
     ├── Unauthorized             401  no or unknown bearer token
     ├── Forbidden                403  the token lacks the scope
     ├── BodyTooLarge             413  body above `max_body_bytes`
-    ├── Overloaded               503  too many pending plan jobs
-    ├── StorageUnavailable       503  the database cannot be reached
+    ├── Conflict                 409  concurrent uploads kept colliding (Retry-After)
+    ├── Overloaded               503  too many pending plan jobs (Retry-After)
+    ├── StorageUnavailable       503  the database cannot be reached (Retry-After)
+    ├── SearchCrashed            503  a search process died without an answer (Retry-After)
     └── ExportUnavailable        501  the export module is not installed
 
 The planner core's `PlannerError` family and FastAPI's request validation errors are
@@ -28,7 +32,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
+from api.route_table import flat_routes
 from planner.errors import (
     Infeasible,
     InvalidPlan,
@@ -45,14 +51,20 @@ __all__ = [
     "NotFound",
     "InvalidRequest",
     "IdempotencyKeyReused",
+    "ScenarioTooLarge",
+    "SearchMemoryExceeded",
     "Unauthorized",
     "Forbidden",
     "BodyTooLarge",
+    "Conflict",
     "Overloaded",
     "StorageUnavailable",
+    "SearchCrashed",
+    "rendered_error",
     "ExportUnavailable",
     "error_body",
     "error_status",
+    "error_headers",
     "install_error_handlers",
     "json_safe",
 ]
@@ -61,10 +73,12 @@ log = logging.getLogger("hetplan.api")
 
 
 class ApiError(Exception):
-    """Base of the service's own errors; `status` and `code` say how it is answered."""
+    """Base of the service's own errors; `status` and `code` say how it is answered, and
+    `retry_after_s`, when set, is sent as `Retry-After`: the request may succeed later."""
 
     status = 400
     code = "bad_request"
+    retry_after_s: int | None = None
 
     def __init__(self, message: str, *, problems: Sequence[Problem] = (), **extra: Any) -> None:
         super().__init__(message)
@@ -87,6 +101,14 @@ class IdempotencyKeyReused(InvalidRequest):
     code = "idempotency_key_reused"
 
 
+class ScenarioTooLarge(InvalidRequest):
+    code = "scenario_too_large"
+
+
+class SearchMemoryExceeded(InvalidRequest):
+    code = "search_memory_exceeded"
+
+
 class Unauthorized(ApiError):
     status = 401
     code = "unauthorized"
@@ -102,14 +124,39 @@ class BodyTooLarge(ApiError):
     code = "body_too_large"
 
 
+class Conflict(ApiError):
+    status = 409
+    code = "conflict"
+    retry_after_s = 1
+
+
 class Overloaded(ApiError):
     status = 503
     code = "overloaded"
+    retry_after_s = 1
 
 
 class StorageUnavailable(ApiError):
     status = 503
     code = "storage_unavailable"
+    retry_after_s = 5
+
+
+class SearchCrashed(ApiError):
+    status = 503
+    code = "search_crashed"
+    retry_after_s = 5
+
+
+def rendered_error(status: int, body: dict[str, Any]) -> ApiError:
+    """An error answered exactly as `body` with `status` (rendered elsewhere, e.g. in the
+    process that ran a search)."""
+    extra = {k: v for k, v in body.items() if k not in ("error", "message", "problems")}
+    problems = [Problem(path=p["path"], message=p["message"], value=p.get("value"))
+                for p in body.get("problems", [])]
+    error = ApiError(body.get("message", ""), problems=problems, **extra)
+    error.status, error.code = status, body.get("error", "internal")
+    return error
 
 
 class ExportUnavailable(ApiError):
@@ -200,9 +247,21 @@ def _validation_problems(error: RequestValidationError) -> list[Problem]:
     return problems
 
 
+def error_headers(error: Exception) -> dict[str, str]:
+    """Headers an error answer carries: `WWW-Authenticate` on 401, `Retry-After` on every
+    answer that may succeed later (all 503s, 409 conflicts)."""
+    if isinstance(error, Unauthorized):
+        return {"WWW-Authenticate": "Bearer"}
+    if isinstance(error, ApiError) and error.retry_after_s is not None:
+        return {"Retry-After": str(error.retry_after_s)}
+    if isinstance(error, OperationalError):
+        return {"Retry-After": str(StorageUnavailable.retry_after_s)}
+    return {}
+
+
 async def _on_api_error(request: Request, error: Exception) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if isinstance(error, Unauthorized) else None
-    return JSONResponse(error_body(error), status_code=error_status(error), headers=headers)
+    return JSONResponse(error_body(error), status_code=error_status(error),
+                        headers=error_headers(error))
 
 
 async def _on_validation_error(request: Request, error: Exception) -> JSONResponse:
@@ -214,17 +273,31 @@ async def _on_validation_error(request: Request, error: Exception) -> JSONRespon
     return JSONResponse(body, status_code=422)
 
 
+def _allowed_methods(request: Request) -> str:
+    """Every method some route serves on this path: starlette's 405 names only those of
+    the first route that matched the path (POST on /v1/plans, which also serves GET)."""
+    methods: set[str] = set()
+    for route in flat_routes(request.app.router.routes):
+        if route.matches(request.scope)[0] is not Match.NONE:
+            methods |= getattr(route, "methods", None) or set()
+    return ", ".join(sorted(methods))
+
+
+
 async def _on_http_error(request: Request, error: Exception) -> JSONResponse:
     assert isinstance(error, StarletteHTTPException)
     code = {400: "bad_request", 404: "not_found", 405: "method_not_allowed"}.get(
         error.status_code, "http_error")
     body = {"error": code, "message": str(error.detail), "problems": []}
-    return JSONResponse(body, status_code=error.status_code, headers=error.headers)
+    headers = dict(error.headers or {})
+    if error.status_code == 405:
+        headers["Allow"] = _allowed_methods(request)
+    return JSONResponse(body, status_code=error.status_code, headers=headers)
 
 
 async def _on_storage_error(request: Request, error: Exception) -> JSONResponse:
     log.error("storage error on %s %s: %s", request.method, request.url.path, error)
-    return JSONResponse(error_body(error), status_code=503)
+    return JSONResponse(error_body(error), status_code=503, headers=error_headers(error))
 
 
 async def _on_unexpected(request: Request, error: Exception) -> JSONResponse:
@@ -248,7 +321,9 @@ def _documented(*statuses: int) -> dict[int | str, dict[str, Any]]:
     text = {401: "No or unknown bearer token.", 403: "The token lacks the scope.",
             404: "Not stored.", 413: "Body above the server's limit.",
             422: "Malformed, out-of-range or unknown input; `problems` lists paths.",
-            503: "Overloaded, or the database is unreachable."}
+            503: "Overloaded, or the database is unreachable; retry after `Retry-After` seconds.",
+            400: "The body could not be read as JSON text at all.",
+            409: "Concurrent uploads kept colliding; retry after `Retry-After` seconds."}
     return {s: {"model": ErrorPublic, "description": text[s]} for s in statuses}
 
 
@@ -256,5 +331,6 @@ class ErrorResponses:
     """Error answers to list in the OpenAPI document, per kind of route."""
 
     common = _documented(401, 403, 422, 503)
-    write = _documented(413)
+    write = _documented(400, 413)
+    upload = _documented(400, 409, 413)
     not_found = _documented(404)

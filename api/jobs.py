@@ -1,12 +1,14 @@
 """In-process runner of long plan searches ("jobs"), with progress and cancellation.
 
 Job state lives in the database, so any server process can answer `GET /v1/jobs/{id}`
-and accept a cancel; the search itself runs on a thread of the process that accepted
-the request. Cancelling works through the search's progress callback: the next time the
-search reports progress, the callback raises `JobCancelled` and the search unwinds. A
-search that reports no progress stops at its time limit at the latest.
+and accept a cancel; a thread of the process that accepted the request runs the search
+(with `solve_in_processes`, the default, it waits for the search's child process and
+reports progress four times a second). Cancelling works through the progress callback:
+the next time it is called it raises `JobCancelled`, and the search unwinds (a child
+process is killed, so even a search that never reports progress stops).
 
-Jobs are not resumed after a restart: a clean shutdown marks pending jobs `failed`
+Status writes are retried through a database blip (about 30 s); progress writes are
+skipped during one. Jobs are not resumed after a restart: a clean shutdown marks pending jobs `failed`
 (`server_shutdown`). Every process touches its unfinished jobs every `HEARTBEAT_S`; a
 job silent for `LOST_AFTER_S` belonged to a process that died, and is marked `failed`
 (`server_lost`) when it is read or when a server starts.
@@ -18,8 +20,12 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from datetime import UTC, datetime, timedelta
+from typing import TypeVar
+
+from sqlalchemy.exc import OperationalError
 
 import planner
 from api.errors import Overloaded, error_body
@@ -36,6 +42,22 @@ _PROGRESS_WRITE_S = 0.25
 _CANCEL_POLL_S = 1.0
 HEARTBEAT_S = 5.0
 LOST_AFTER_S = 60.0  # twelve missed heartbeats: the owning process is gone
+_WRITE_RETRY_DELAYS_S = (0.1, 0.2, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0)
+"""About 30 s in all: enough for a database blip (a failover, a restart), not an outage."""
+
+T = TypeVar("T")
+
+
+def _through_blips(write: Callable[[], T]) -> T:
+    """`write()`, retried while the database cannot be reached, for about 30 s: a job's
+    status must not be lost (nor its thread killed) by a blip."""
+    for delay_s in _WRITE_RETRY_DELAYS_S:
+        try:
+            return write()
+        except OperationalError:
+            log.warning("job status write failed; retrying in %.1f s", delay_s)
+            time.sleep(delay_s)
+    return write()
 
 
 class JobCancelled(Exception):
@@ -55,13 +77,19 @@ class _Progress:
 
     def __call__(self, fraction: float, message: str) -> None:
         now = time.monotonic()
+        try:  # during a database blip the search goes on; progress is only news
+            self._poll_and_write(now, fraction, message)
+        except OperationalError:
+            log.warning("job %s: could not read its cancel flag or write progress", self.job_id)
+        if self.cancelled.is_set():
+            raise JobCancelled(self.job_id)
+
+    def _poll_and_write(self, now: float, fraction: float, message: str) -> None:
         if not self.cancelled.is_set() and now - self.last_poll >= _CANCEL_POLL_S:
             self.last_poll = now
             if self.store.get_job(self.job_id).cancel_requested:
                 self.cancelled.set()
-        if self.cancelled.is_set():
-            raise JobCancelled(self.job_id)
-        if now - self.last_write >= _PROGRESS_WRITE_S:
+        if not self.cancelled.is_set() and now - self.last_write >= _PROGRESS_WRITE_S:
             self.last_write = now
             self.store.update_job(self.job_id, progress=min(max(float(fraction), 0.0), 1.0),
                                   message=str(message)[:500])
@@ -195,25 +223,27 @@ class JobRunner:
 
     def _run(self, job_id: str, assembled: Assembled, options: planner.SearchOptions,
              cancelled: threading.Event) -> None:
+        def status(**changes: object) -> None:
+            _through_blips(lambda: self.store.update_job(job_id, **changes))
+
         try:
-            if cancelled.is_set() or self.store.get_job(job_id).status.final:
-                self.store.update_job(job_id, status=JobStatus.CANCELLED, message="cancelled")
+            if cancelled.is_set() or _through_blips(lambda: self.store.get_job(job_id)
+                                                    ).status.final:
+                status(status=JobStatus.CANCELLED, message="cancelled")
                 return
-            self.store.update_job(job_id, status=JobStatus.RUNNING, message="solving")
+            status(status=JobStatus.RUNNING, message="solving")
             record = solve_and_store(
                 assembled, options, solver=self.solver, store=self.store,
                 progress=_Progress(self.store, job_id, cancelled),
                 observe=self.metrics.observe_solve)
-            self.store.update_job(job_id, status=JobStatus.SUCCEEDED, progress=1.0,
-                                  plan_id=record.id, message="done")
+            status(status=JobStatus.SUCCEEDED, progress=1.0, plan_id=record.id, message="done")
         except JobCancelled:
-            self.store.update_job(job_id, status=JobStatus.CANCELLED, cancel_requested=True,
-                                  message="cancelled")
+            status(status=JobStatus.CANCELLED, cancel_requested=True, message="cancelled")
         except Exception as error:
             if not isinstance(error, planner.PlannerError):
                 log.exception("plan job %s failed", job_id)
-            self.store.update_job(job_id, status=JobStatus.FAILED, error=error_body(error),
-                                  message=error_body(error)["message"][:500])
+            status(status=JobStatus.FAILED, error=error_body(error),
+                   message=error_body(error)["message"][:500])
         finally:
             self._forget(job_id)
 

@@ -11,6 +11,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 __all__ = ["Metrics", "MetricsMiddleware"]
 
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+"""Methods counted under their own name; any other (a client may send any token) counts
+as `other`, so no request can add a time series."""
+_UNMATCHED = "unmatched"
+
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 _SOLVE_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600)
 
@@ -35,7 +40,8 @@ class Metrics:
 
 class MetricsMiddleware:
     """Counts and times every HTTP request by route template (not raw path, which would
-    make one time series per plan id)."""
+    make one time series per plan id); paths no route matches count as `unmatched`, and
+    methods outside `_METHODS` as `other`, so the label values are a fixed set."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
@@ -57,8 +63,8 @@ class MetricsMiddleware:
         try:
             await self.app(scope, receive, send_and_record)
         finally:
-            route = getattr(scope.get("route"), "path", "unmatched")
-            method = scope["method"]
+            route = getattr(scope.get("route"), "path", _UNMATCHED)
+            method = scope["method"] if scope["method"] in _METHODS else "other"
             self.metrics.requests.labels(method=method, route=route, status=str(status)).inc()
             self.metrics.latency.labels(method=method, route=route).observe(
                 time.perf_counter() - started)

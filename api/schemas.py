@@ -34,7 +34,9 @@ Name = Annotated[str, Field(min_length=1, max_length=200, pattern=NAME_PATTERN)]
 
 
 class _In(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
+    # strict: `false` is not 0.0 and `"1"` is not 1 (a JSON body says what it means); the
+    # few fields whose JSON form is not their Python type (enums, tuples) opt out
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True, strict=True)
 
 
 class _Out(BaseModel):
@@ -136,7 +138,7 @@ class LinkValue(_In):
 
 
 class ZoneLinkValue(LinkValue):
-    zones: tuple[Name, Name]
+    zones: tuple[Name, Name] = Field(strict=False)
 
 
 class ClusterCreate(_In):
@@ -281,9 +283,9 @@ class LinkScope(StrEnum):
 class LinkIn(_In):
     """A measured link: `intra_node` needs `gpu_type`, `inter_zone` needs `zones`."""
 
-    scope: LinkScope
+    scope: LinkScope = Field(strict=False)
     gpu_type: Name | None = None
-    zones: tuple[Name, Name] | None = None
+    zones: tuple[Name, Name] | None = Field(default=None, strict=False)
     bandwidth_gb_per_s: float = Field(gt=0, le=MAX_GB_PER_S)
     latency_us: float = Field(ge=0, le=MAX_LATENCY_US)
 
@@ -490,3 +492,39 @@ class ExportFormat(StrEnum):
     PIPELINING = "pipelining"
     MEGATRON = "megatron"
     DEEPSPEED = "deepspeed"
+    TORCHTITAN = "torchtitan"
+    KUBERNETES = "kubernetes"
+    SLURM = "slurm"
+
+
+class ExportQuery(BaseModel):
+    """Query parameters of GET /v1/plans/{id}/export: the options of `hetplan export`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: ExportFormat
+    master_addr: str | None = Field(None, description="torchrun: rendezvous host.")
+    master_port: int | None = Field(None, ge=1, le=65535,
+                                    description="torchrun, kubernetes, slurm: rendezvous port.")
+    training_module: str | None = Field(
+        None, description="torchrun, kubernetes, slurm: the module torchrun starts.")
+    plan_path: str | None = Field(None, description="Path of the plan on the nodes.")
+    script_arg: list[str] | None = Field(
+        None, description="An argument for the training module; repeat, in order.")
+    zero_stage: int | None = Field(None, description="deepspeed: ZeRO stage.")
+    name: str | None = Field(None, description="kubernetes, slurm: job name.")
+    image: str | None = Field(None, description="kubernetes: container image.")
+    gpu_name: list[str] | None = Field(
+        None, description="kubernetes, slurm: TYPE=NAME, what the cluster calls a GPU type "
+                          "(node label or feature); repeat per type.")
+
+    def options(self) -> dict[str, Any]:
+        """The options given, under the names `planner.export.export_plan` takes."""
+        from planner.export import parse_gpu_names
+
+        given = {"master_addr": self.master_addr, "master_port": self.master_port,
+                 "training_module": self.training_module, "plan_path": self.plan_path,
+                 "script_args": self.script_arg, "zero_stage": self.zero_stage,
+                 "name": self.name, "image": self.image,
+                 "gpu_names": None if self.gpu_name is None else parse_gpu_names(self.gpu_name)}
+        return {key: value for key, value in given.items() if value is not None}

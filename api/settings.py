@@ -30,7 +30,9 @@ class Scope(StrEnum):
 class Settings(BaseSettings):
     """Service settings. Each maps to `HETPLAN_<NAME>` (e.g. `HETPLAN_DATABASE_URL`)."""
 
-    model_config = SettingsConfigDict(env_prefix="HETPLAN_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="HETPLAN_", extra="ignore",
+                                      env_ignore_empty=True)
+    """An empty variable (`HETPLAN_TOKENS=`) means unset: the default applies."""
 
     database_url: str = "sqlite:///./hetplan.db"
     """SQLAlchemy URL. `sqlite:///PATH` (embedded default, a file in the working directory)
@@ -52,11 +54,27 @@ class Settings(BaseSettings):
     """Plan requests whose time limit is at most this are solved inline (201); longer ones
     become jobs (202) to poll."""
     solver_workers: int = Field(default=1, ge=1, le=64)
-    """Threads that run plan jobs in each server process."""
+    """Plan jobs run at once by each server process."""
+    solve_in_processes: bool = True
+    """Run each search of the built-in planner in a child process: it never stalls the
+    server's event loop, a cancelled job stops within a second, and a search still running
+    at 1.5 x its time limit + 2 s is killed (`solver_timeout`). False: on server threads."""
+    max_search_memory_bytes: int = Field(default=8 * 2**30, ge=2**30)
+    """Address space each search process may use (with `solve_in_processes`); a search
+    that needs more is stopped and answered 422 `search_memory_exceeded`."""
     max_pending_jobs: int = Field(default=32, ge=1)
     """Queued plus running jobs per process above which new long solves get 503."""
-    plan_cache_size: int = Field(default=4096, ge=0)
-    """Stored plans kept in memory per process (plans are immutable, so caching is safe)."""
+    max_inline_solves: int = Field(default=4, ge=1, le=32)
+    """Inline plan searches (201 answers) running at once per process; one more is refused
+    with 503 and `Retry-After` instead of queueing behind them (jobs queue separately)."""
+    max_plan_layers: int = Field(default=1024, ge=1)
+    """Most model layers a plan or evaluation may have; beyond it: 422 `scenario_too_large`.
+    A search's memory and time grow with layers x layers (the layer partition)."""
+    max_plan_gpus: int = Field(default=16_384, ge=1)
+    """Most GPUs a plan's cluster may have; beyond it: 422 `scenario_too_large`."""
+    plan_cache_bytes: int = Field(default=64 * 2**20, ge=0)
+    """Memory for stored plans kept encoded per process (plans are immutable, so caching
+    is safe); least recently read plans are dropped first, 0 turns the cache off."""
     migrate_on_startup: bool = True
     """Run Alembic's upgrade to the newest schema when the app starts."""
 

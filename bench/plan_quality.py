@@ -1,7 +1,13 @@
-"""Plan quality on every shared scenario: hetplan versus the baselines and the bound.
+"""Plan quality: hetplan against the per-type reference, the baselines, the bounds and
+the known optima of the tiny scenarios.
 
-Usage: python bench/plan_quality.py [--time-limit S] [SCENARIO ...]
-Prints a Markdown table (samples/s and ratios) for BENCHMARKS.md.
+Usage: python bench/plan_quality.py [--time-limit S] [--sets measured,generated,tiny]
+Prints Markdown tables for BENCHMARKS.md:
+- measured and generated scenarios: hetplan's samples/s against the per-type
+  reference plan (bench/reference/per-type, evaluated here), the best of the
+  three baselines (the reference counted as a fourth where it is higher), the
+  compute bound and the upper bound of plan.search;
+- tiny scenarios: the default search and exact mode against the known optimum.
 """
 
 from __future__ import annotations
@@ -13,53 +19,93 @@ import platform
 import time
 from pathlib import Path
 
-from planner import SearchOptions, parse_scenario, plan
+from planner import SearchOptions, evaluate, parse_plan, parse_scenario, plan
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT = sorted((ROOT / "tests" / "data" / "scenarios").glob("*.json")) + sorted(
-    (ROOT / "bench" / "scenarios" / "measured").glob("*.json"))
+SETS = {
+    "measured": sorted((ROOT / "bench" / "scenarios" / "measured").glob("*.json")),
+    "generated": sorted((ROOT / "tests" / "data" / "scenarios").glob("*.json")),
+}
+REFERENCE = ROOT / "bench" / "reference" / "per-type"
+TINY = ROOT / "tests" / "data" / "tiny"
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else math.nan
+
+
+def quality_table(name: str, paths: list[Path], time_limit: float) -> None:
+    print(f"\n### {name} scenarios\n")
+    print("| scenario | GPUs | hetplan samples/s | per-type reference | vs reference | "
+          "best baseline | vs best of baselines and reference | compute bound | upper bound | "
+          "gap to upper bound | status | plan s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    mixed_vs_ref, mixed_vs_best, all_vs_ref = [], [], []
+    for path in paths:
+        scenario = parse_scenario(json.loads(path.read_text()))
+        gpus = sum(n.gpus for n in scenario.cluster.nodes)
+        reference = evaluate(scenario, parse_plan(json.loads(
+            (REFERENCE / f"{path.stem}.plan.json").read_text())))
+        ref = reference.samples_per_s if reference.valid else None
+        started = time.perf_counter()
+        result = plan(scenario, SearchOptions(time_limit_s=time_limit))
+        wall = time.perf_counter() - started
+        ours = result.evaluation.samples_per_s or 0.0
+        baselines = max((v for v in result.baselines.values() if v is not None), default=0.0)
+        best = max(baselines, ref or 0.0)
+        search = result.plan.search or {}
+        compute = scenario.job.global_batch_size / result.evaluation.compute_bound_iteration_s \
+            if result.evaluation.compute_bound_iteration_s else math.nan
+        upper = search.get("upper_bound_samples_per_s") or math.nan
+        if ref:
+            all_vs_ref.append(ours / ref)
+        if len({n.gpu_type for n in scenario.cluster.nodes}) > 1:
+            if ref:
+                mixed_vs_ref.append(ours / ref)
+            mixed_vs_best.append(ours / best)
+        print(f"| {path.stem} | {gpus} | {ours:.2f} | {ref or 0:.2f} | "
+              f"{ours / ref if ref else math.nan:.3f}x | {baselines:.2f} | {ours / best:.3f}x | "
+              f"{compute:.2f} | {upper:.2f} | {1 - ours / upper:.3f} | {result.status.value} | "
+              f"{wall:.2f} |", flush=True)
+    print(f"\n{name}: geometric mean over {len(mixed_vs_ref)} mixed-GPU scenarios "
+          f"{geomean(mixed_vs_ref):.3f}x the per-type reference (lowest of all "
+          f"{len(all_vs_ref)}: {min(all_vs_ref, default=math.nan):.3f}x); "
+          f"{geomean(mixed_vs_best):.3f}x the best of the baselines and the reference "
+          f"(lowest {min(mixed_vs_best, default=math.nan):.3f}x)")
+
+
+def tiny_table(time_limit: float) -> None:
+    print("\n### tiny scenarios (known optima)\n")
+    print("| scenario | optimum samples/s | default search | default / optimum | default s | "
+          "exact mode | exact / optimum | exact status | exact s |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for path in sorted(p for p in TINY.glob("tiny-*.json") if not p.stem.endswith(".optimum")):
+        scenario = parse_scenario(json.loads(path.read_text()))
+        optimum = json.loads((TINY / f"{path.stem}.optimum.json").read_text())["samples_per_s"]
+        started = time.perf_counter()
+        default = plan(scenario, SearchOptions(time_limit_s=time_limit))
+        default_s = time.perf_counter() - started
+        started = time.perf_counter()
+        exact = plan(scenario, SearchOptions(time_limit_s=max(time_limit, 300), exact=True))
+        exact_s = time.perf_counter() - started
+        d = default.evaluation.samples_per_s or 0.0
+        e = exact.evaluation.samples_per_s or 0.0
+        print(f"| {path.stem} | {optimum:.3f} | {d:.3f} | {d / optimum:.4f} | {default_s:.2f} | "
+              f"{e:.3f} | {e / optimum:.6f} | {exact.status.value} | {exact_s:.2f} |", flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("scenarios", nargs="*", type=Path, default=DEFAULT)
     parser.add_argument("--time-limit", type=float, default=10.0)
+    parser.add_argument("--sets", default="measured,generated,tiny")
     args = parser.parse_args()
-    print(f"machine: {platform.processor() or platform.machine()}, {platform.python_version()}, "
-          f"date {time.strftime('%Y-%m-%d')}, time limit {args.time_limit} s\n")
-    print("| scenario | GPUs | hetplan samples/s | homogeneous | unaware | per-type | bound | "
-          "vs best of hom./unaware | vs best of all three | efficiency | plan s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    mixed_ratios = []
-    mixed_all_three = []
-    for path in args.scenarios:
-        scenario = parse_scenario(json.loads(path.read_text()))
-        gpus = sum(n.gpus for n in scenario.cluster.nodes)
-        started = time.perf_counter()
-        result = plan(scenario, SearchOptions(time_limit_s=args.time_limit))
-        wall = time.perf_counter() - started
-        ours = result.evaluation.samples_per_s or 0.0
-        base = result.baselines
-        section5 = max(v for v in (base.get("homogeneous"), base.get("unaware"), 0.0) if v is not None)
-        best = max(v for v in [*base.values(), 0.0] if v is not None)
-        bound = result.evaluation.compute_bound_iteration_s
-        bound_rate = scenario.job.global_batch_size / bound if bound else math.nan
-        if len({n.gpu_type for n in scenario.cluster.nodes}) > 1 and section5 > 0:
-            mixed_ratios.append(ours / section5)
-            mixed_all_three.append(ours / best)
-        fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
-        print(f"| {path.stem} | {gpus} | {ours:.2f} | {fmt(base.get('homogeneous'))} | "
-              f"{fmt(base.get('unaware'))} | {fmt(base.get('per_type'))} | {bound_rate:.2f} | "
-              f"{ours / section5:.3f}x | {ours / best:.3f}x | "
-              f"{result.evaluation.efficiency or 0:.3f} | {wall:.2f} |", flush=True)
-    if mixed_ratios:
-        print(f"\ngeometric mean over {len(mixed_ratios)} mixed-GPU scenarios: hetplan / best "
-              f"section-5 baseline {_geomean(mixed_ratios):.3f}x; hetplan / best of all three "
-              f"baselines (per-type included) {_geomean(mixed_all_three):.3f}x")
-
-
-def _geomean(values: list[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values))
+    print(f"machine: {platform.machine()}, Python {platform.python_version()}, "
+          f"date {time.strftime('%Y-%m-%d %H:%M')}, time limit {args.time_limit} s")
+    for name in args.sets.split(","):
+        if name == "tiny":
+            tiny_table(args.time_limit)
+        else:
+            quality_table(name, SETS[name], args.time_limit)
 
 
 if __name__ == "__main__":

@@ -62,17 +62,18 @@ def free_port() -> int:
 
 
 class Server:
-    """A `hetplan serve` child process on a loopback port."""
+    """A `hetplan serve` child process (of this checkout) on a loopback port."""
 
     def __init__(self, *, database_url: str, workers: int, cache: bool) -> None:
         self.port = free_port()
         env = {**os.environ, "HETPLAN_DATABASE_URL": database_url,
-               "HETPLAN_PLAN_CACHE_SIZE": "4096" if cache else "0"}
+               "HETPLAN_PLAN_CACHE_BYTES": str(64 * 2**20) if cache else "0"}
         env.pop("HETPLAN_TOKENS", None)
-        hetplan = Path(sys.executable).with_name("hetplan")
+        # this checkout's code, not whatever checkout the installed `hetplan` script is of
+        hetplan = [sys.executable, "-c", "from api.cli import main; main()"]
         self.started = time.perf_counter()
         self.process = subprocess.Popen(
-            [str(hetplan), "serve", "--host", "127.0.0.1", "--port", str(self.port),
+            [*hetplan, "serve", "--host", "127.0.0.1", "--port", str(self.port),
              "--workers", str(workers), "--log-level", "warning"],
             env=env, cwd=ROOT, start_new_session=True)
         self.first_answer_s = self._wait_ready()

@@ -13,6 +13,7 @@ the whole scenario too, with the left-out GPUs idle (and not paid for, by sectio
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import time
@@ -32,8 +33,8 @@ from planner.search.api import ProgressCallback
 
 __all__ = [
     "Objective", "ObjectiveOptions", "BudgetNotMet", "Fleet", "FleetOutcome", "Mapper",
-    "sub_fleets", "plan_fleet", "plan_fleets", "frontier", "choose", "plan_with_objective",
-    "on_whole_scenario", "check_prices",
+    "Solve", "sub_fleets", "plan_fleet", "plan_fleet_with", "plan_fleets", "frontier", "choose",
+    "plan_with_objective", "on_whole_scenario", "check_prices",
     "NodesAdded", "NodesRemoved", "FleetVariant", "apply_variant", "WhatIfRow", "what_if",
 ]
 
@@ -172,10 +173,18 @@ class FleetTask:
     options: SearchOptions
 
 
+Solve = Callable[[Scenario, SearchOptions], PlanResult]
+"""What plans one fleet: the search (`planner.plan`) unless an edge runs it elsewhere."""
+
+
 def plan_fleet(task: FleetTask) -> FleetOutcome:
-    """Plan one fleet; a fleet the planner refuses is an outcome with its error."""
+    """Plan one fleet with the search; a fleet it refuses is an outcome with its error."""
+    return plan_fleet_with(search_plan, task)
+
+
+def plan_fleet_with(solve: Solve, task: FleetTask) -> FleetOutcome:
     try:
-        result = search_plan(task.fleet.scenario, task.options)
+        result = solve(task.fleet.scenario, task.options)
     except PlannerError as error:
         return FleetOutcome(label=task.fleet.label, error=f"{type(error).__name__}: {error}")
     return FleetOutcome(label=task.fleet.label, result=result)
@@ -187,11 +196,14 @@ def plan_fleets(
     *,
     mapper: Mapper[FleetTask, FleetOutcome] = map,
     progress: ProgressCallback | None = None,
+    solve: Solve | None = None,
 ) -> list[FleetOutcome]:
-    """Every fleet's outcome, in the fleets' order."""
+    """Every fleet's outcome, in the fleets' order. `solve` replaces the search (it must
+    then be picklable for a mapper that crosses processes)."""
     tasks = [FleetTask(fleet=f, options=options) for f in fleets]
+    plan_one = plan_fleet if solve is None else functools.partial(plan_fleet_with, solve)
     outcomes = []
-    for done, outcome in enumerate(mapper(plan_fleet, tasks), start=1):
+    for done, outcome in enumerate(mapper(plan_one, tasks), start=1):
         outcomes.append(outcome)
         if progress is not None:
             progress(done / len(tasks), f"planned {outcome.label}")
@@ -272,17 +284,21 @@ def plan_with_objective(
     progress: ProgressCallback | None = None,
     *,
     mapper: Mapper[FleetTask, FleetOutcome] = map,
+    solve: Solve | None = None,
 ) -> PlanResult:
     """The plan best for `options.objective` within its budget and floor, over the
     sub-fleets of `scenario`; without a goal in money, the search's plan. The plan's
     `search` section names the fleet and the objective; its evaluation is on the whole
     scenario, where the GPUs left out are idle."""
     if not options.needs_fleets:
+        if solve is not None:
+            return solve(scenario, options.search_options())
         return search_plan(scenario, options.search_options(), progress)
     started = time.monotonic()
     check_prices(scenario)
     fleets = sub_fleets(scenario, options.max_fleets)
-    outcomes = plan_fleets(fleets, options.search_options(), mapper=mapper, progress=progress)
+    outcomes = plan_fleets(fleets, options.search_options(), mapper=mapper, progress=progress,
+                           solve=solve)
     chosen = choose(outcomes, options)
     return on_whole_scenario(scenario, chosen, time.monotonic() - started, {
         "objective": options.objective.value, "fleet": chosen.label,
@@ -454,6 +470,7 @@ def what_if(
     *,
     mapper: Mapper[FleetTask, FleetOutcome] = map,
     progress: ProgressCallback | None = None,
+    solve: Solve | None = None,
 ) -> list[WhatIfRow]:
     """The base fleet's row, then one per variant with its change against the base.
     Variants are checked before anything is planned (`InvalidScenario` for the first
@@ -465,7 +482,7 @@ def what_if(
         except InvalidScenario as error:
             raise InvalidScenario([replace(p, path=f"variants[{i}].{p.path}")
                                    for p in error.problems]) from None
-    outcomes = plan_fleets(fleets, options, mapper=mapper, progress=progress)
+    outcomes = plan_fleets(fleets, options, mapper=mapper, progress=progress, solve=solve)
     base = _row("base", fleets[0], outcomes[0], None)
     return [base] + [_row(f.label, f, o, base)
                      for f, o in zip(fleets[1:], outcomes[1:], strict=True)]

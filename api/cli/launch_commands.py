@@ -17,7 +17,7 @@ import yaml
 
 from planner import PlannerError, UnsupportedExport, parse_plan
 from planner.documents import Plan, Schedule, parse_scenario
-from planner.export import export_plan, rank_map
+from planner.export import export_with_scenario, parse_gpu_names, rank_map
 from planner.export.formats import DEFAULT_MASTER_PORT
 
 
@@ -26,6 +26,9 @@ class ExportFormat(StrEnum):
     PIPELINING = "pipelining"
     MEGATRON = "megatron"
     DEEPSPEED = "deepspeed"
+    TORCHTITAN = "torchtitan"
+    KUBERNETES = "kubernetes"
+    SLURM = "slurm"
 
 
 class OptimizerName(StrEnum):
@@ -74,24 +77,9 @@ def rankmap_command(
         raise typer.Exit(2) from None
 
 
-def _export_options(fmt: ExportFormat, *, scenario: Path | None, master_addr: str | None,
-                    master_port: int, plan_path: str | None, zero_stage: int | None
-                    ) -> dict[str, Any]:
-    if fmt is ExportFormat.TORCHRUN:
-        options: dict[str, Any] = {"master_addr": master_addr, "master_port": master_port}
-        if plan_path is not None:
-            options["plan_path"] = plan_path
-        return options
-    options = {}
-    if scenario is not None:
-        parsed = parse_scenario(_read_document(scenario))
-        options["layer_kinds"] = list(parsed.model.layers)
-        options["job_schedule"] = parsed.job.schedule.value
-        if fmt is ExportFormat.DEEPSPEED:
-            options["zero_stage"] = parsed.job.zero_stage
-    if fmt is ExportFormat.DEEPSPEED and zero_stage is not None:
-        options["zero_stage"] = zero_stage
-    return options
+def _given(**options: Any) -> dict[str, Any]:
+    """The options the user gave (not None); each must be one the format takes."""
+    return {name: value for name, value in options.items() if value is not None}
 
 
 def export_command(
@@ -104,22 +92,39 @@ def export_command(
         exists=True, dir_okay=False)] = None,
     master_addr: Annotated[str | None, typer.Option(
         help="torchrun: rendezvous host (default: the first node's name).")] = None,
-    master_port: Annotated[int, typer.Option(help="torchrun: rendezvous port.")] = (
-        DEFAULT_MASTER_PORT),
+    master_port: Annotated[int | None, typer.Option(
+        help=f"torchrun, kubernetes, slurm: rendezvous port (default {DEFAULT_MASTER_PORT}).")
+    ] = None,
+    training_module: Annotated[str | None, typer.Option(
+        help="torchrun, kubernetes, slurm: the module torchrun starts (default "
+             "launcher.train).")] = None,
     plan_path: Annotated[str | None, typer.Option(
-        help="torchrun: path of the plan on the nodes, passed to the training module.")] = None,
+        help="torchrun, kubernetes, slurm: path of the plan on the nodes, passed to the "
+             "training module.")] = None,
+    script_arg: Annotated[list[str] | None, typer.Option(
+        help="torchrun, kubernetes, slurm: an argument for the training module (repeat; "
+             "write --script-arg=--steps for one that starts with '-').")] = None,
     zero_stage: Annotated[int | None, typer.Option(help="deepspeed: ZeRO stage.")] = None,
+    name: Annotated[str | None, typer.Option(
+        help="kubernetes, slurm: job name (default hetplan-train).")] = None,
+    image: Annotated[str | None, typer.Option(help="kubernetes: container image.")] = None,
+    gpu_name: Annotated[list[str] | None, typer.Option(
+        help="kubernetes, slurm: what the cluster calls a GPU type, TYPE=NAME (the "
+             "nvidia.com/gpu.product label, or the Slurm node feature); repeat per type.")
+    ] = None,
     output: Annotated[Path | None, typer.Option(help="Write the JSON here, not stdout.")] = None,
 ) -> None:
     """PLAN written for a launcher: torchrun commands, torch.distributed.pipelining stages,
-    Megatron-LM arguments or DeepSpeed settings. Exit code 3 with the reasons when the
-    format cannot express the plan."""
+    Megatron-LM arguments, DeepSpeed or torchtitan settings, a Kubernetes JobSet or a Slurm
+    batch script. Exit code 3 with the reasons when the format cannot express the plan."""
     loaded = _load_plan(plan)
     try:
-        options = _export_options(fmt, scenario=scenario, master_addr=master_addr,
-                                  master_port=master_port, plan_path=plan_path,
-                                  zero_stage=zero_stage)
-        _emit(export_plan(loaded, fmt.value, **options), output)
+        options = _given(master_addr=master_addr, master_port=master_port,
+                         training_module=training_module, plan_path=plan_path,
+                         script_args=script_arg, zero_stage=zero_stage, name=name, image=image,
+                         gpu_names=None if gpu_name is None else parse_gpu_names(gpu_name))
+        parsed = None if scenario is None else parse_scenario(_read_document(scenario))
+        _emit(export_with_scenario(loaded, fmt.value, parsed, options), output)
     except UnsupportedExport as error:
         typer.echo(str(error), err=True)
         raise typer.Exit(3) from None

@@ -13,6 +13,7 @@ from pydantic import BaseModel
 from api import schemas
 from api.deps import ReadAuth, StoreDep, UploadAuth
 from api.errors import ErrorResponses
+from api.routing import CheckedRoute
 from api.schemas import NAME_PATTERN
 from api.services.catalogue import register, versioned_public
 from api.storage import Catalogue
@@ -27,10 +28,11 @@ Offset = Annotated[int, Query(ge=0, le=2**31 - 1)]
 
 def _router(kind: Catalogue, prefix: str, tag: str, body_model: type[BaseModel],
             public: type[BaseModel]) -> APIRouter:
-    router = APIRouter(prefix=prefix, tags=[tag], responses=ErrorResponses.common)
+    router = APIRouter(prefix=prefix, tags=[tag], responses=ErrorResponses.common,
+                       route_class=CheckedRoute)
 
     @router.post("", status_code=201, response_model=public,
-                 responses=ErrorResponses.write, operation_id=f"create_{kind.value}",
+                 responses=ErrorResponses.upload, operation_id=f"create_{kind.value}",
                  summary=f"Register a {tag[:-1]} (a new version if the name exists)")
     def create(body: body_model, store: StoreDep, _: UploadAuth,  # type: ignore[valid-type]
                response: Response) -> dict[str, Any]:
@@ -47,7 +49,8 @@ def _router(kind: Catalogue, prefix: str, tag: str, body_model: type[BaseModel],
         records, count = store.list_documents(kind, limit=limit, offset=offset)
         return {"data": [versioned_public(r) for r in records], "count": count}
 
-    @router.get("/{name}", response_model=public, operation_id=f"get_{kind.value}",
+    # `:path`: a name may hold '/', which its Location sends as %2F and the server decodes
+    @router.get("/{name:path}", response_model=public, operation_id=f"get_{kind.value}",
                 responses=ErrorResponses.not_found, summary=f"One {tag[:-1]}")
     def get_one(name: NamePath, store: StoreDep, _: ReadAuth,
                 version: VersionQuery = None) -> dict[str, Any]:

@@ -7,14 +7,17 @@ from typing import Any
 from fastapi import APIRouter
 
 from api import fleet_schemas
-from api.deps import PlanAuth, SettingsDep, StoreDep
+from api.deps import PlanAuth, SettingsDep, SolverDep, StoreDep
 from api.errors import ErrorResponses
+from api.routing import CheckedRoute
 from api.services import fleets
-from api.services.planning import effective_options
+from api.services.planning import check_size, effective_options
 from api.services.scenarios import assemble
 
-pareto_router = APIRouter(prefix="/v1/plans", tags=["plans"], responses=ErrorResponses.common)
-whatif_router = APIRouter(prefix="/v1/whatif", tags=["plans"], responses=ErrorResponses.common)
+pareto_router = APIRouter(prefix="/v1/plans", tags=["plans"], responses=ErrorResponses.common,
+                          route_class=CheckedRoute)
+whatif_router = APIRouter(prefix="/v1/whatif", tags=["plans"], responses=ErrorResponses.common,
+                          route_class=CheckedRoute)
 
 
 @pareto_router.post(
@@ -22,14 +25,16 @@ whatif_router = APIRouter(prefix="/v1/whatif", tags=["plans"], responses=ErrorRe
     operation_id="create_frontier", responses=ErrorResponses.write,
     summary="The cost/throughput Pareto frontier over sub-fleets, each point a stored plan")
 def pareto(body: fleet_schemas.ParetoRequest, store: StoreDep, settings: SettingsDep,
-           _: PlanAuth) -> Any:
+           solver: SolverDep, _: PlanAuth) -> Any:
     """Plans every subset of the GPU types and partial fleets (`options.max_fleets`) and
     keeps the plans no other is both faster and cheaper than. Every GPU type in the
     cluster needs an `hourly_usd`."""
     assembled = assemble(body, store)
+    check_size(assembled.scenario, settings)
     options = effective_options(body.options.time_limit_s, False, settings)
     fleets.check_sweep_budget(body.options.max_fleets, options.time_limit_s, settings)
-    return fleets.frontier_and_store(assembled, options, body.options.max_fleets, store=store)
+    return fleets.frontier_and_store(assembled, options, body.options.max_fleets,
+                                     solver=solver, store=store)
 
 
 @whatif_router.post(
@@ -37,10 +42,12 @@ def pareto(body: fleet_schemas.ParetoRequest, store: StoreDep, settings: Setting
     responses=ErrorResponses.write,
     summary="Plan changed fleets and compare throughput and price with the base fleet")
 def what_if(body: fleet_schemas.WhatIfRequest, store: StoreDep, settings: SettingsDep,
-            _: PlanAuth) -> Any:
+            solver: SolverDep, _: PlanAuth) -> Any:
     """The base fleet, then every variant (nodes added or removed per type, types taken
     out, links changed), each plan stored with the variant's scenario."""
     assembled = assemble(body, store)
+    check_size(assembled.scenario, settings)
     options = effective_options(body.options.time_limit_s, False, settings)
     fleets.check_sweep_budget(len(body.variants) + 1, options.time_limit_s, settings)
-    return fleets.what_if_and_store(assembled, list(body.variants), options, store=store)
+    return fleets.what_if_and_store(assembled, list(body.variants), options,
+                                    solver=solver, store=store)

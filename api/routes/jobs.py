@@ -9,8 +9,10 @@ from fastapi import APIRouter, Path
 from api import schemas
 from api.deps import PlanAuth, ReadAuth, RunnerDep
 from api.errors import ErrorResponses
+from api.routing import CheckedRoute
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=ErrorResponses.common)
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=ErrorResponses.common,
+                   route_class=CheckedRoute)
 
 JobId = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[0-9a-f]+$")]
 

@@ -9,13 +9,15 @@ from fastapi import APIRouter, Query, Response
 from api import schemas
 from api.deps import IdempotencyKey, ReadAuth, StoreDep, UploadAuth
 from api.errors import ErrorResponses, NotFound
+from api.routing import CheckedRoute
 from api.services import catalogue
 
-router = APIRouter(prefix="/v1/links", tags=["links"], responses=ErrorResponses.common)
+router = APIRouter(prefix="/v1/links", tags=["links"], responses=ErrorResponses.common,
+                   route_class=CheckedRoute)
 
 
 @router.post("", status_code=201, response_model=schemas.LinkSetPublic,
-             responses=ErrorResponses.write, operation_id="upload_links",
+             responses=ErrorResponses.upload, operation_id="upload_links",
              summary="Upload measured links (a new version of the link catalogue)")
 def upload(body: schemas.LinksCreate, store: StoreDep, _: UploadAuth, response: Response,
            idempotency_key: IdempotencyKey = None) -> dict[str, Any]:

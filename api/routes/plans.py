@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query, Response
+from fastapi import APIRouter, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from api import schemas
+from api.admission import InlineSolves
 from api.cache import LruCache
 from api.deps import (
     MetricsDep,
@@ -20,14 +22,16 @@ from api.deps import (
     SolverDep,
     StoreDep,
 )
-from api.errors import ErrorResponses, ExportUnavailable
+from api.errors import ErrorResponses, ExportUnavailable, InvalidRequest
+from api.routing import CheckedRoute
 from api.services import planning
-from api.services.scenarios import assemble
+from api.services.scenarios import Assembled, assemble
 from api.storage import Store
 
-router = APIRouter(prefix="/v1/plans", tags=["plans"], responses=ErrorResponses.common)
+router = APIRouter(prefix="/v1/plans", tags=["plans"], responses=ErrorResponses.common,
+                   route_class=CheckedRoute)
 evaluate_router = APIRouter(prefix="/v1/evaluate", tags=["plans"],
-                            responses=ErrorResponses.common)
+                            responses=ErrorResponses.common, route_class=CheckedRoute)
 
 PlanId = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[0-9a-f]+$")]
 
@@ -38,26 +42,39 @@ PlanId = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[0-9a-f]+$"
     responses={**ErrorResponses.write, 202: {"model": schemas.JobPublic,
                                              "description": "A job; poll GET /v1/jobs/{id}."}},
 )
-def create(body: schemas.PlanRequest, store: StoreDep, settings: SettingsDep,
-           solver: SolverDep, runner: RunnerDep, metrics: MetricsDep, _: PlanAuth,
-           response: Response,
-           job: Annotated[bool, Query(description="Always answer with a job.")] = False,
-           ) -> Any:
+async def create(body: schemas.PlanRequest, request: Request, store: StoreDep,
+                 settings: SettingsDep, solver: SolverDep, runner: RunnerDep,
+                 metrics: MetricsDep, _: PlanAuth, response: Response,
+                 job: Annotated[bool, Query(description="Always answer with a job.")] = False,
+                 ) -> Any:
     """Searches whose time limit is at most the server's `sync_solve_threshold_s` are
     answered inline; longer ones (or `?job=true`) become a job. A goal in money
     (`objective` cost, a budget or a floor) plans sub-fleets in turn: its time limit
     counts once per sub-fleet. Time limits above the
-    server's `max_time_limit_s` are capped (`options.time_limit_s` in the answer)."""
-    assembled = assemble(body, store)
+    server's `max_time_limit_s` are capped (`options.time_limit_s` in the answer).
+    Beyond `max_inline_solves` running inline searches the answer is 503 with
+    `Retry-After`; beyond `max_plan_layers` or `max_plan_gpus`, 422 `scenario_too_large`."""
     options = planning.with_goal(planning.effective_options(
         body.options.time_limit_s, body.options.exact, settings), body.options)
-    if job or planning.search_budget_s(assembled.scenario, options) > settings.sync_solve_threshold_s:
-        record = runner.submit(assembled, options)
+
+    @functools.cache
+    def assembled() -> Assembled:
+        found = assemble(body, store)
+        planning.check_size(found.scenario, settings)
+        return found
+
+    budget_s = options.time_limit_s
+    if planning.has_goal(options):  # its sub-fleets are counted on the scenario
+        budget_s = await run_in_threadpool(
+            lambda: planning.search_budget_s(assembled().scenario, options))
+    if job or budget_s > settings.sync_solve_threshold_s:
+        record = await run_in_threadpool(lambda: runner.submit(assembled(), options))
         public = schemas.JobPublic.model_validate(record, from_attributes=True)
         return JSONResponse(public.model_dump(mode="json"), status_code=202,
                             headers={"Location": f"/v1/jobs/{record.id}"})
-    plan = planning.solve_and_store(assembled, options, solver=solver, store=store,
-                                    observe=metrics.observe_solve)
+    inline: InlineSolves = request.app.state.inline_solves
+    plan = await inline.run(lambda: planning.solve_and_store(
+        assembled(), options, solver=solver, store=store, observe=metrics.observe_solve))
     response.headers["Location"] = f"/v1/plans/{plan.id}"
     return planning.plan_public(plan)
 
@@ -103,21 +120,33 @@ def rankmap(plan_id: PlanId, store: StoreDep, _: ReadAuth) -> dict[str, Any]:
             responses={**ErrorResponses.not_found, 501: {"model": schemas.ErrorPublic}},
             summary="The plan as a launcher configuration")
 def export(plan_id: PlanId, store: StoreDep, _: ReadAuth,
-           format: Annotated[schemas.ExportFormat, Query()]) -> dict[str, Any]:
-    """422 `unsupported_export` with `reasons` when the launcher cannot express the plan."""
+           query: Annotated[schemas.ExportQuery, Query()]) -> dict[str, Any]:
+    """The options of `hetplan export`, as query parameters (repeat `script_arg` and
+    `gpu_name`); the plan's stored scenario gives the layer kinds, the job's schedule and
+    ZeRO stage, as `--scenario` does. 422 `unsupported_export` with `reasons` when the
+    launcher cannot express the plan, 422 `invalid_request` for an option the format does
+    not take."""
     module = _export_module()
     import planner
 
-    plan = planner.parse_plan(store.get_plan(plan_id).document)
-    return module.export_plan(plan, format.value)
+    record = store.get_plan(plan_id, with_scenario=True)
+    plan = planner.parse_plan(record.document)
+    scenario = None if record.scenario is None else planner.parse_scenario(record.scenario)
+    try:
+        return module.export_with_scenario(plan, query.format.value, scenario, query.options())
+    except ValueError as error:
+        raise InvalidRequest(str(error)) from None
 
 
 @evaluate_router.post("", response_model=schemas.EvaluationPublic, operation_id="evaluate_plan",
                       responses=ErrorResponses.write,
                       summary="COST_MODEL.md's numbers for a plan (valid or not)")
-def evaluate(body: schemas.EvaluateRequest, store: StoreDep, _: PlanAuth) -> dict[str, Any]:
+def evaluate(body: schemas.EvaluateRequest, store: StoreDep, settings: SettingsDep,
+             _: PlanAuth) -> dict[str, Any]:
     """An invalid plan is an answer (`valid: false`, `errors`), not an error status."""
-    return planning.evaluate(assemble(body, store), body.plan)
+    assembled = assemble(body, store)
+    planning.check_size(assembled.scenario, settings)
+    return planning.evaluate(assembled, body.plan)
 
 
 def _encoded_plan(store: Store, cache: LruCache, plan_id: str) -> bytes:

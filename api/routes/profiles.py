@@ -9,10 +9,12 @@ from fastapi import APIRouter, Path, Query, Response
 from api import schemas
 from api.deps import IdempotencyKey, ReadAuth, StoreDep, UploadAuth
 from api.errors import ErrorResponses
+from api.routing import CheckedRoute
 from api.schemas import NAME_PATTERN
 from api.services import catalogue
 
-router = APIRouter(prefix="/v1/profiles", tags=["profiles"], responses=ErrorResponses.common)
+router = APIRouter(prefix="/v1/profiles", tags=["profiles"], responses=ErrorResponses.common,
+                   route_class=CheckedRoute)
 
 Filter = Annotated[str | None, Query(min_length=1, max_length=200, pattern=NAME_PATTERN)]
 Limit = Annotated[int, Query(ge=1, le=1000)]
@@ -20,7 +22,7 @@ Offset = Annotated[int, Query(ge=0, le=2**31 - 1)]
 
 
 @router.post("", status_code=201, response_model=schemas.ProfileSetPublic,
-             responses=ErrorResponses.write, operation_id="upload_profiles",
+             responses=ErrorResponses.upload, operation_id="upload_profiles",
              summary="Upload profile rows of one model on one GPU type")
 def upload(body: schemas.ProfileCreate, store: StoreDep, _: UploadAuth, response: Response,
            idempotency_key: IdempotencyKey = None) -> dict[str, Any]:
@@ -38,8 +40,9 @@ def upload(body: schemas.ProfileCreate, store: StoreDep, _: UploadAuth, response
             summary="Rows of the newest profiles, filtered by model, GPU type and kind")
 def list_rows(store: StoreDep, _: ReadAuth, model: Filter = None, gpu_type: Filter = None,
               kind: Filter = None, limit: Limit = 1000, offset: Offset = 0) -> dict[str, Any]:
-    rows = catalogue.profile_rows(store, model=model, gpu_type=gpu_type, kind=kind)
-    return {"data": rows[offset:offset + limit], "count": len(rows)}
+    rows, count = catalogue.profile_rows(store, model=model, gpu_type=gpu_type, kind=kind,
+                                         limit=limit, offset=offset)
+    return {"data": rows, "count": count}
 
 
 @router.get("/sets", response_model=schemas.Page[schemas.ProfileSetPublic],
@@ -54,10 +57,14 @@ def list_sets(store: StoreDep, _: ReadAuth, model: Filter = None, gpu_type: Filt
 
 @router.get("/sets/{set_id}", response_model=schemas.ProfileSetPublic,
             responses=ErrorResponses.not_found, operation_id="get_profile_set",
-            summary="One profile version with its rows")
+            summary="One profile version with a page of its rows")
 def get_set(set_id: Annotated[int, Path(ge=1, le=2**31 - 1)], store: StoreDep,
-            _: ReadAuth) -> dict[str, Any]:
-    return catalogue.profile_set_public(store.get_profile_set(set_id), with_rows=True)
+            _: ReadAuth, limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000,
+            offset: Offset = 0) -> dict[str, Any]:
+    """`rows` holds the version's rows from `offset` on, at most `limit`, by (kind,
+    micro_batch, tp); `count` is the number of rows in the version."""
+    record = store.get_profile_set(set_id, limit=limit, offset=offset)
+    return catalogue.profile_set_public(record, with_rows=True)
 
 
 @router.get("/coverage", response_model=schemas.CoveragePublic,

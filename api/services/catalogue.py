@@ -88,18 +88,13 @@ def _point(p: ProfilePoint) -> dict[str, Any]:
 
 
 def profile_rows(store: Store, *, model: str | None, gpu_type: str | None,
-                 kind: str | None) -> list[dict[str, Any]]:
-    """Rows of the newest profile version of each (model, GPU type), filtered."""
-    sets, _ = store.list_profile_sets(model=model, gpu_type=gpu_type, newest_only=True,
-                                      limit=10_000)
-    rows: list[dict[str, Any]] = []
-    for summary in sets:
-        record = store.find_profile_set(summary.model, summary.gpu_type, summary.version)
-        assert record is not None
-        rows.extend({"model": record.model, "gpu_type": record.gpu_type,
-                     "version": record.version, **_point(p)}
-                    for p in record.rows if kind is None or p.kind == kind)
-    return rows
+                 kind: str | None, limit: int, offset: int) -> tuple[list[dict[str, Any]], int]:
+    """One page of the rows of the newest profile version of each (model, GPU type),
+    filtered, and how many rows match."""
+    rows, count = store.newest_profile_rows(model=model, gpu_type=gpu_type, kind=kind,
+                                            limit=limit, offset=offset)
+    return [{"model": r.model, "gpu_type": r.gpu_type, "version": r.version, **_point(r.point)}
+            for r in rows], count
 
 
 def coverage(store: Store, *, model: str | None, gpu_type: str | None) -> list[dict[str, Any]]:

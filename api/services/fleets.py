@@ -13,7 +13,7 @@ from typing import Any
 
 import planner
 from api.errors import InvalidRequest, json_safe
-from api.services.planning import store_result
+from api.services.planning import Solver, fleet_solve, store_result
 from api.services.scenarios import Assembled
 from api.settings import Settings
 from api.storage import Store
@@ -35,12 +35,12 @@ def check_sweep_budget(num_plans: int, time_limit_s: float, settings: Settings) 
 
 
 def frontier_and_store(assembled: Assembled, options: planner.SearchOptions, max_fleets: int,
-                       *, store: Store) -> dict[str, Any]:
+                       *, solver: Solver, store: Store) -> dict[str, Any]:
     """The cost/throughput frontier of the assembled scenario, each point stored."""
     started = time.monotonic()
     fleet.check_prices(assembled.scenario)
     fleets = fleet.sub_fleets(assembled.scenario, max_fleets)
-    points = fleet.frontier(fleet.plan_fleets(fleets, options))
+    points = fleet.frontier(fleet.plan_fleets(fleets, options, solve=fleet_solve(solver)))
     answer = []
     for point in points:
         assert point.result is not None, "frontier points are planned"
@@ -55,10 +55,11 @@ def frontier_and_store(assembled: Assembled, options: planner.SearchOptions, max
 
 
 def what_if_and_store(assembled: Assembled, variants: list[fleet.FleetVariant],
-                      options: planner.SearchOptions, *, store: Store) -> dict[str, Any]:
+                      options: planner.SearchOptions, *, solver: Solver,
+                      store: Store) -> dict[str, Any]:
     """The base fleet and every variant planned, with changes against the base; each
     variant's plan stored with the variant's scenario."""
-    rows = fleet.what_if(assembled.scenario, variants, options)
+    rows = fleet.what_if(assembled.scenario, variants, options, solve=fleet_solve(solver))
     changed = [None, *variants]
     answer = []
     for row, variant in zip(rows, changed, strict=True):

@@ -11,22 +11,26 @@ from typing import Any
 
 import planner
 from api import schemas
-from api.errors import json_safe
+from api.errors import ApiError, ScenarioTooLarge, json_safe
 from api.services.scenarios import Assembled
 from api.settings import Settings
 from api.storage import PlanRecord, Store
 from planner.documents import dump_document
+from planner.errors import Problem
 from planner.estimate import with_estimate
-from planner.fleet import Objective, ObjectiveOptions, plan_with_objective, sub_fleets
+from planner.fleet import Objective, ObjectiveOptions, Solve, plan_with_objective, sub_fleets
 from planner.search.api import ProgressCallback
 
 __all__ = [
     "Solver",
     "effective_options",
     "with_goal",
+    "has_goal",
     "search_budget_s",
+    "check_size",
     "solve_and_store",
     "store_result",
+    "fleet_solve",
     "evaluate",
     "plan_public",
     "plan_summary",
@@ -59,12 +63,36 @@ def with_goal(options: planner.SearchOptions,
     return goal if goal.needs_fleets else options
 
 
+def has_goal(options: planner.SearchOptions) -> bool:
+    """Whether the options carry a goal in money (planned over sub-fleets)."""
+    return isinstance(options, ObjectiveOptions)
+
+
 def search_budget_s(scenario: planner.Scenario, options: planner.SearchOptions) -> float:
     """The longest the search may run: the time limit, once per sub-fleet under a goal in
     money (whose answer plans them in turn)."""
     if isinstance(options, ObjectiveOptions):
         return options.time_limit_s * len(sub_fleets(scenario, options.max_fleets))
     return options.time_limit_s
+
+
+def check_size(scenario: planner.Scenario, settings: Settings) -> None:
+    """`ScenarioTooLarge` naming the limit when `scenario` has more layers or GPUs than the
+    server plans: checked before any search, whose memory grows with layers x layers."""
+    layers = len(scenario.model.layers)
+    gpus = sum(node.gpus for node in scenario.cluster.nodes)
+    problems = []
+    if layers > settings.max_plan_layers:
+        problems.append(Problem(path="model.layers", value=layers, message=(
+            f"{layers} layers is above this server's limit of {settings.max_plan_layers} "
+            "(HETPLAN_MAX_PLAN_LAYERS); profile coarser layers (e.g. one per block)")))
+    if gpus > settings.max_plan_gpus:
+        problems.append(Problem(path="cluster.nodes", value=gpus, message=(
+            f"{gpus} GPUs is above this server's limit of {settings.max_plan_gpus} "
+            "(HETPLAN_MAX_PLAN_GPUS); plan a part of the cluster")))
+    if problems:
+        raise ScenarioTooLarge("the scenario is too large to plan here: " +
+                               "; ".join(p.message for p in problems), problems=problems)
 
 
 def solve_and_store(
@@ -80,9 +108,11 @@ def solve_and_store(
     `observe(status, seconds)` is told every solve's outcome (for metrics)."""
     started = time.perf_counter()
     try:
-        # A goal in money plans sub-fleets with the search itself, not the injected solver.
-        solve = plan_with_objective if isinstance(options, ObjectiveOptions) else solver
-        result = solve(assembled.scenario, options, progress)
+        if isinstance(options, ObjectiveOptions):  # each sub-fleet planned by the solver
+            result = plan_with_objective(assembled.scenario, options, progress,
+                                         solve=fleet_solve(solver))
+        else:
+            result = solver(assembled.scenario, options, progress)
     except Exception as error:
         if observe is not None:
             observe(type(error).__name__, time.perf_counter() - started)
@@ -90,6 +120,19 @@ def solve_and_store(
     if observe is not None:
         observe(str(result.status), result.wall_s)
     return store_result(assembled, options, result, store=store)
+
+
+def fleet_solve(solver: Solver) -> Solve:
+    """The service's solver as `planner.fleet` plans one fleet with it: a fleet the solver
+    refuses (an error rendered by a search process) is that fleet's outcome, not the
+    request's answer."""
+    def solve(scenario: planner.Scenario, options: planner.SearchOptions) -> planner.PlanResult:
+        try:
+            return solver(scenario, options, None)
+        except ApiError as error:
+            raise planner.PlannerError(f"{error.code}: {error.message}") from None
+
+    return solve
 
 
 def store_result(assembled: Assembled, options: planner.SearchOptions,

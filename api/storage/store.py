@@ -2,8 +2,11 @@
 
 Each method runs in its own transaction, so a write is all or nothing: an upload that
 fails half-way (bad row, lost connection, killed process) leaves no version and no rows.
-Versions are `max + 1` inside the writing transaction; two concurrent uploads of the same
-thing collide on the unique constraint and the loser retries with the next version.
+Versions are `max + 1` inside the writing transaction, which holds a lock on what it
+versions (`write_transaction`), so concurrent uploads of one thing queue instead of
+colliding. Only two uploads with one Idempotency-Key for different things can still
+collide (on the key's unique constraint); the loser retries and finds the winner's answer,
+and after `_RETRIES` the caller gets `Conflict` (409, Retry-After) instead of an error.
 """
 
 from __future__ import annotations
@@ -19,13 +22,15 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
-from api.errors import IdempotencyKeyReused, NotFound
+from api.errors import Conflict, IdempotencyKeyReused, NotFound
 from api.storage import tables as t
+from api.storage.db import write_transaction
 
 __all__ = [
     "Catalogue",
     "Versioned",
     "ProfilePoint",
+    "ProfileRow",
     "ProfileSetRecord",
     "LinkRow",
     "LinkSetRecord",
@@ -36,7 +41,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-_RETRIES = 20
+_RETRIES = 5
 
 
 class Catalogue(StrEnum):
@@ -79,11 +84,21 @@ class ProfilePoint:
     backward_ms: float
     activation_bytes: float
     uploaded: bool = True
-    """False when carried over unchanged from the previous version."""
+    """False when shared unchanged with an earlier version (uploaded there)."""
 
     @property
     def point(self) -> tuple[str, int, int]:
         return (self.kind, self.micro_batch, self.tp)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProfileRow:
+    """A point of the newest profiles of (model, GPU type), with the version it is in."""
+
+    model: str
+    gpu_type: str
+    version: int
+    point: ProfilePoint
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -187,18 +202,17 @@ class Store:
         with self.engine.connect() as connection:
             connection.execute(sa.text("SELECT 1"))
 
-    def _write(self, write: Callable[[sa.Connection], T]) -> T:
-        """Run `write` in one transaction, retrying when a concurrent writer took the
-        version number (or idempotency key) it wanted."""
+    def _write(self, lock_key: str, write: Callable[[sa.Connection], T]) -> T:
+        """Run `write` in one transaction holding the lock on `lock_key`, retrying when a
+        concurrent writer took the idempotency key it wanted."""
         for attempt in range(_RETRIES):
             try:
-                with self.engine.begin() as connection:
+                with write_transaction(self.engine, lock_key) as connection:
                     return write(connection)
             except IntegrityError:
-                if attempt == _RETRIES - 1:
-                    raise
                 time.sleep(random.uniform(0, 0.005 * (attempt + 1)))  # de-synchronise losers
-        raise AssertionError("unreachable")
+        raise Conflict(f"{_RETRIES} attempts to store this upload collided with concurrent "
+                       "uploads; retry it (with the same Idempotency-Key, if it had one)")
 
     # -- catalogue: GPU types, models, clusters ---------------------------------------
 
@@ -217,7 +231,7 @@ class Store:
             assert new_id is not None
             return Versioned(id=new_id[0], **values)
 
-        return self._write(write)
+        return self._write(f"{kind.value}:{name}", write)
 
     def get_document(self, kind: Catalogue, name: str, version: int | None = None) -> Versioned:
         """`name` at `version` (default: the newest), or `NotFound` saying how to add it."""
@@ -265,8 +279,10 @@ class Store:
         body_sha256: str,
         idempotency_key: str | None = None,
     ) -> ProfileSetRecord:
-        """A new version of the (model, GPU type) profiles: the previous version's rows with
-        the uploaded points replacing theirs. Same key and body as before: that answer."""
+        """A new version of the (model, GPU type) profiles: the previous version's points
+        with the uploaded ones replacing theirs. Only the uploaded rows are written (the
+        others are shared with earlier versions), so the record has no `rows`. Same key
+        and body as before: that answer."""
 
         def write(connection: sa.Connection) -> ProfileSetRecord:
             if idempotency_key is not None:
@@ -281,45 +297,41 @@ class Store:
                 .order_by(t.profile_sets.c.version.desc()).limit(1)
             ).first()
             uploaded = {row.point: row for row in rows}
-            carried: list[ProfilePoint] = []
-            replaced = 0
-            if previous is not None:
-                for old in self._profile_points(connection, previous.id):
-                    if old.point in uploaded:
-                        replaced += 1
-                    else:
-                        carried.append(_carried(old))
             values: dict[str, Any] = {
                 "model": model, "gpu_type": gpu_type,
                 "version": 1 if previous is None else previous.version + 1,
                 "source": source, "idempotency_key": idempotency_key,
-                "body_sha256": body_sha256, "row_count": len(uploaded) + len(carried),
-                "uploaded_count": len(uploaded), "replaced_count": replaced,
-                "created_at": _now(),
+                "body_sha256": body_sha256, "row_count": 0,
+                "uploaded_count": len(uploaded), "replaced_count": 0, "created_at": _now(),
             }
             set_id = connection.execute(
                 sa.insert(t.profile_sets).values(**values)).inserted_primary_key
             assert set_id is not None
-            all_rows = [*uploaded.values(), *carried]
             connection.execute(sa.insert(t.profile_rows), [
                 {"set_id": set_id[0], "kind": r.kind, "micro_batch": r.micro_batch, "tp": r.tp,
                  "forward_ms": r.forward_ms, "backward_ms": r.backward_ms,
-                 "activation_bytes": r.activation_bytes, "uploaded": r.uploaded}
-                for r in all_rows
-            ])
+                 "activation_bytes": r.activation_bytes} for r in uploaded.values()])
+            replaced = _count_replaced(connection, set_id[0], model, gpu_type)
+            values["replaced_count"] = replaced
+            values["row_count"] = (0 if previous is None else previous.row_count) + len(
+                uploaded) - replaced
+            connection.execute(sa.update(t.profile_sets).where(t.profile_sets.c.id == set_id[0])
+                               .values(row_count=values["row_count"], replaced_count=replaced))
             del values["idempotency_key"], values["body_sha256"]
-            return ProfileSetRecord(id=set_id[0], rows=tuple(all_rows), **values)
+            return ProfileSetRecord(id=set_id[0], **values)
 
-        return self._write(write)
+        return self._write(f"profiles:{model}\x00{gpu_type}", write)
 
-    def get_profile_set(self, set_id: int) -> ProfileSetRecord:
+    def get_profile_set(self, set_id: int, *, limit: int | None = None,
+                        offset: int = 0) -> ProfileSetRecord:
+        """One profile version, with its points from `offset` on (at most `limit`)."""
         with self.engine.connect() as connection:
             row = connection.execute(
                 sa.select(t.profile_sets).where(t.profile_sets.c.id == set_id)).first()
             if row is None:
                 raise NotFound(f"no profile set with id {set_id}; list them with "
                                "GET /v1/profiles/sets")
-            return self._profile_set(connection, row)
+            return self._profile_set(connection, row, limit=limit, offset=offset)
 
     def find_profile_set(self, model: str, gpu_type: str, version: int | None = None
                          ) -> ProfileSetRecord | None:
@@ -359,8 +371,10 @@ class Store:
         return found, int(total or 0)
 
     def _profile_set(self, connection: sa.Connection, row: sa.Row[Any], *,
-                     replayed: bool = False, with_rows: bool = True) -> ProfileSetRecord:
-        points = tuple(self._profile_points(connection, row.id)) if with_rows else ()
+                     replayed: bool = False, with_rows: bool = True, limit: int | None = None,
+                     offset: int = 0) -> ProfileSetRecord:
+        points = (tuple(self._profile_points(connection, row, limit=limit, offset=offset))
+                  if with_rows else ())
         return ProfileSetRecord(
             id=row.id, model=row.model, gpu_type=row.gpu_type, version=row.version,
             source=row.source, row_count=row.row_count, uploaded_count=row.uploaded_count,
@@ -368,15 +382,59 @@ class Store:
             replayed=replayed)
 
     @staticmethod
-    def _profile_points(connection: sa.Connection, set_id: int) -> list[ProfilePoint]:
-        pr = t.profile_rows
-        rows = connection.execute(
-            sa.select(pr).where(pr.c.set_id == set_id)
-            .order_by(pr.c.kind, pr.c.micro_batch, pr.c.tp)).all()
+    def _profile_points(connection: sa.Connection, profile_set: Any, *,
+                        limit: int | None = None, offset: int = 0) -> list[ProfilePoint]:
+        """The points of `profile_set` (a profile_sets row) by (kind, micro_batch, tp):
+        for each, the row of the newest version at or before it; paged in the database."""
+        newest = _newest_rows(sa.and_(t.profile_sets.c.model == profile_set.model,
+                                      t.profile_sets.c.gpu_type == profile_set.gpu_type,
+                                      t.profile_sets.c.version <= profile_set.version),
+                              partition=[])
+        query = (sa.select(newest).where(newest.c.rank == 1)
+                 .order_by(newest.c.kind, newest.c.micro_batch, newest.c.tp)
+                 .limit(limit).offset(offset))
         return [ProfilePoint(kind=r.kind, micro_batch=r.micro_batch, tp=r.tp,
                              forward_ms=r.forward_ms, backward_ms=r.backward_ms,
-                             activation_bytes=r.activation_bytes, uploaded=r.uploaded)
-                for r in rows]
+                             activation_bytes=r.activation_bytes,
+                             uploaded=r.version == profile_set.version)
+                for r in connection.execute(query)]
+
+    def newest_profile_rows(self, *, model: str | None, gpu_type: str | None,
+                            kind: str | None, limit: int, offset: int
+                            ) -> tuple[list[ProfileRow], int]:
+        """Rows of the newest version of each (model, GPU type), filtered, by model, GPU
+        type and point; paged in the database. The newest version holds every point ever
+        uploaded for its pair, each as last uploaded."""
+        ps = t.profile_sets
+        conditions = [c for c in (None if model is None else ps.c.model == model,
+                                  None if gpu_type is None else ps.c.gpu_type == gpu_type)
+                      if c is not None]
+        newest = _newest_rows(sa.and_(sa.true(), *conditions),
+                              partition=[ps.c.model, ps.c.gpu_type])
+        selected = sa.select(newest).where(newest.c.rank == 1)
+        if kind is not None:
+            selected = selected.where(newest.c.kind == kind)
+        selected_rows = selected.subquery()
+        versions = (sa.select(ps.c.model, ps.c.gpu_type, sa.func.max(ps.c.version).label("v"))
+                    .group_by(ps.c.model, ps.c.gpu_type).subquery())
+        query = (sa.select(selected_rows, versions.c.v)
+                 .join(versions, sa.and_(versions.c.model == selected_rows.c.model,
+                                         versions.c.gpu_type == selected_rows.c.gpu_type))
+                 .order_by(selected_rows.c.model, selected_rows.c.gpu_type,
+                           selected_rows.c.kind, selected_rows.c.micro_batch,
+                           selected_rows.c.tp)
+                 .limit(limit).offset(offset))
+        with self.engine.connect() as connection:
+            total = connection.execute(
+                sa.select(sa.func.count()).select_from(selected_rows)).scalar()
+            found = [ProfileRow(model=r.model, gpu_type=r.gpu_type, version=r.v,
+                                point=ProfilePoint(
+                                    kind=r.kind, micro_batch=r.micro_batch, tp=r.tp,
+                                    forward_ms=r.forward_ms, backward_ms=r.backward_ms,
+                                    activation_bytes=r.activation_bytes,
+                                    uploaded=r.version == r.v))
+                     for r in connection.execute(query)]
+        return found, int(total or 0)
 
     # -- links ---------------------------------------------------------------------------
 
@@ -427,7 +485,7 @@ class Store:
             del values["idempotency_key"], values["body_sha256"]
             return LinkSetRecord(id=set_id[0], links=tuple(all_links), **values)
 
-        return self._write(write)
+        return self._write("links", write)
 
     def get_link_set(self, version: int | None = None) -> LinkSetRecord | None:
         """The link catalogue at `version` (default: newest); None when nothing is stored."""
@@ -460,7 +518,7 @@ class Store:
 
     def add_plan(self, plan: PlanRecord) -> None:
         values = {f: getattr(plan, f) for f in PlanRecord.__dataclass_fields__}
-        with self.engine.begin() as connection:
+        with write_transaction(self.engine) as connection:
             connection.execute(sa.insert(t.plans).values(**values))
 
     def get_plan(self, plan_id: str, *, with_scenario: bool = False) -> PlanRecord:
@@ -496,7 +554,7 @@ class Store:
         values = {"id": job_id, "created_at": now, "updated_at": now,
                   "status": JobStatus.QUEUED.value, "progress": 0.0, "message": "queued",
                   "plan_id": None, "error": None, "cancel_requested": False}
-        with self.engine.begin() as connection:
+        with write_transaction(self.engine) as connection:
             connection.execute(sa.insert(t.jobs).values(**values))
         return self._job(values)
 
@@ -511,7 +569,7 @@ class Store:
         query = sa.update(t.jobs).where(t.jobs.c.id == job_id, t.jobs.c.status.not_in(final))
         if expect is not None:
             query = query.where(t.jobs.c.status == expect.value)
-        with self.engine.begin() as connection:
+        with write_transaction(self.engine) as connection:
             connection.execute(query.values(**changes))
         return self.get_job(job_id)
 
@@ -521,7 +579,7 @@ class Store:
         if not ids:
             return
         final = [s.value for s in JobStatus if s.final]
-        with self.engine.begin() as connection:
+        with write_transaction(self.engine) as connection:
             connection.execute(sa.update(t.jobs).where(
                 t.jobs.c.id.in_(ids), t.jobs.c.status.not_in(final)).values(updated_at=_now()))
 
@@ -534,7 +592,7 @@ class Store:
                                         t.jobs.c.updated_at < silent_since)
         if job_id is not None:
             query = query.where(t.jobs.c.id == job_id)
-        with self.engine.begin() as connection:
+        with write_transaction(self.engine) as connection:
             result = connection.execute(query.values(
                 status=JobStatus.FAILED.value, error=error, updated_at=_now(),
                 message="the server process running this job stopped"))
@@ -564,10 +622,30 @@ class Store:
                 for name in tables}
 
 
-def _carried(point: ProfilePoint) -> ProfilePoint:
-    return ProfilePoint(kind=point.kind, micro_batch=point.micro_batch, tp=point.tp,
-                        forward_ms=point.forward_ms, backward_ms=point.backward_ms,
-                        activation_bytes=point.activation_bytes, uploaded=False)
+def _newest_rows(sets: sa.ColumnElement[bool], partition: list[Any]) -> sa.Subquery:
+    """Profile rows of the sets matching `sets`, each with the version of its set and its
+    `rank` among rows of the same point (and `partition` columns), newest version first:
+    rank 1 is the point's row in the newest of those versions."""
+    ps, pr = t.profile_sets, t.profile_rows
+    rank = sa.func.row_number().over(
+        partition_by=[*partition, pr.c.kind, pr.c.micro_batch, pr.c.tp],
+        order_by=ps.c.version.desc())
+    return (sa.select(ps.c.model, ps.c.gpu_type, ps.c.version, pr.c.kind, pr.c.micro_batch,
+                      pr.c.tp, pr.c.forward_ms, pr.c.backward_ms, pr.c.activation_bytes,
+                      rank.label("rank"))
+            .join(ps, ps.c.id == pr.c.set_id).where(sets).subquery())
+
+
+def _count_replaced(connection: sa.Connection, set_id: int, model: str, gpu_type: str) -> int:
+    """How many rows of set `set_id` repeat a point some other version of (model,
+    GPU type) uploaded: the points this version replaces."""
+    new, old, ps = t.profile_rows.alias("new"), t.profile_rows.alias("old"), t.profile_sets
+    earlier = (sa.select(old.c.id).join(ps, ps.c.id == old.c.set_id)
+               .where(ps.c.model == model, ps.c.gpu_type == gpu_type, ps.c.id != set_id,
+                      old.c.kind == new.c.kind, old.c.micro_batch == new.c.micro_batch,
+                      old.c.tp == new.c.tp))
+    return int(connection.execute(sa.select(sa.func.count()).select_from(new).where(
+        new.c.set_id == set_id, earlier.exists())).scalar() or 0)
 
 
 def _check_same_body(stored_sha256: str, sha256: str, key: str) -> None:

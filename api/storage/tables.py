@@ -1,9 +1,11 @@
 """The schema, as SQLAlchemy Core tables. Alembic's migrations own the database's copy;
 `tests/api/test_storage.py` checks that a migrated database matches these tables.
 
-Uploads are append-only: a new upload is a new `*_sets` row with a higher `version`, holding
-its complete row list (rows carried over from the previous version are marked
-`uploaded = false`), so no stored version is ever changed.
+Uploads are append-only: a new upload is a new `*_sets` row with a higher `version`, so no
+stored version is ever changed. A link set holds its complete row list (rows carried over
+from the previous version are marked `uploaded = false`). A profile set holds only the
+rows of its own upload: the content of version v is, for each point, the row of the
+newest version <= v that uploaded it (links are few; profiles may be 100,000 rows).
 """
 
 from __future__ import annotations
@@ -77,7 +79,7 @@ profile_rows = sa.Table(
     sa.Column("forward_ms", sa.Float, nullable=False),
     sa.Column("backward_ms", sa.Float, nullable=False),
     sa.Column("activation_bytes", sa.Float, nullable=False),
-    sa.Column("uploaded", sa.Boolean, nullable=False),
+    sa.UniqueConstraint("set_id", "kind", "micro_batch", "tp", name="uq_profile_rows_point"),
 )
 
 link_sets = sa.Table(

@@ -15,7 +15,7 @@ every hetplan scenario.
 from __future__ import annotations
 
 import shlex
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from planner.documents import Plan, Schedule
@@ -23,9 +23,8 @@ from planner.errors import UnsupportedExport
 from planner.export.ranks import RankMap, build_rank_map
 
 __all__ = [
-    "FORMATS",
     "DEFAULT_MASTER_PORT",
-    "export_plan",
+    "torchrun_argv",
     "export_torchrun",
     "export_pipelining",
     "export_megatron",
@@ -37,6 +36,10 @@ EMBEDDING, BLOCK, HEAD = "embedding", "block", "head"
 
 # torch.distributed.pipelining's class for each plan schedule.
 PIPELINING_SCHEDULES = {Schedule.ONE_F_ONE_B: "Schedule1F1B", Schedule.GPIPE: "ScheduleGPipe"}
+# Keyword arguments of dist.new_group for a pipeline's group. new_group sorts its ranks by
+# default, and a PipelineStage maps stage i to group rank i, so a pipeline whose stages sit
+# on decreasing ranks would send stage 0's activations to itself (torch 2.13, tested, has it).
+PP_GROUP_OPTIONS = {"sort_ranks": False}
 
 
 def _schedule(plan: Plan, job_schedule: str | None) -> Schedule:
@@ -76,6 +79,20 @@ def _kinds(num_layers: int, layer_kinds: Sequence[str] | None) -> list[str]:
 # ---------------------------------------------------------------- torchrun
 
 
+def torchrun_argv(*, num_nodes: int, nproc_per_node: int, node_rank: str, master_addr: str,
+                  master_port: str, training_module: str, plan_path: str,
+                  script_args: Sequence[str]) -> list[str]:
+    """One node's torchrun command. Static rendezvous (`--node-rank`) is what makes torchrun's
+    global ranks equal the rank map's: a c10d rendezvous would number nodes in arrival order.
+    Node rank, address and port are strings so cluster exports can pass shell variables."""
+    return [
+        "torchrun", f"--nnodes={num_nodes}", f"--nproc-per-node={nproc_per_node}",
+        f"--node-rank={node_rank}", "--rdzv-backend=static",
+        f"--master-addr={master_addr}", f"--master-port={master_port}",
+        "-m", training_module, "--plan", plan_path, *script_args,
+    ]
+
+
 def export_torchrun(
     plan: Plan,
     *,
@@ -85,20 +102,16 @@ def export_torchrun(
     plan_path: str = "plan.json",
     script_args: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """One `torchrun` command per node. Static rendezvous (`--node-rank`) is what makes
-    torchrun's global ranks equal the rank map's: a c10d rendezvous would number nodes
-    in arrival order."""
+    """One `torchrun` command per node (see `torchrun_argv`)."""
     ranks = build_rank_map(plan)
     addr = master_addr or ranks.nodes[0].name
     commands = []
     for node in ranks.nodes:
         visible = ",".join(str(i) for i in node.device_indices)
-        argv = [
-            "torchrun", f"--nnodes={len(ranks.nodes)}", f"--nproc-per-node={node.num_processes}",
-            f"--node-rank={node.node_rank}", "--rdzv-backend=static",
-            f"--master-addr={addr}", f"--master-port={master_port}",
-            "-m", training_module, "--plan", plan_path, *script_args,
-        ]
+        argv = torchrun_argv(
+            num_nodes=len(ranks.nodes), nproc_per_node=node.num_processes,
+            node_rank=str(node.node_rank), master_addr=addr, master_port=str(master_port),
+            training_module=training_module, plan_path=plan_path, script_args=script_args)
         commands.append({
             "node": node.name, "node_rank": node.node_rank, "nproc_per_node": node.num_processes,
             "first_rank": node.first_rank, "env": {"CUDA_VISIBLE_DEVICES": visible},
@@ -122,14 +135,20 @@ def export_torchrun(
 # ---------------------------------------------------------------- pipelining
 
 
-def _torchtitan_names(kinds: Sequence[str], layers: tuple[int, int]) -> list[str]:
-    """Module names in torchtitan's decoder (tok_embeddings, layers.<block>, norm, output)."""
+# The LM head's module name in torchtitan's decoder: `lm_head` from torchtitan 0.3, `output`
+# before (the releases that read TOML configs).
+LM_HEAD, LM_HEAD_BEFORE_0_3 = "lm_head", "output"
+
+
+def _torchtitan_names(kinds: Sequence[str], layers: tuple[int, int], *, head: str = LM_HEAD
+                      ) -> list[str]:
+    """Module names in torchtitan's decoder (tok_embeddings, layers.<block>, norm, `head`)."""
     names, block = [], sum(1 for kind in kinds[: layers[0]] if kind == BLOCK)
     for kind in kinds[layers[0]: layers[1]]:
         if kind == EMBEDDING:
             names.append("tok_embeddings")
         elif kind == HEAD:
-            names.extend(["norm", "output"])
+            names.extend(["norm", head])
         else:
             names.append(f"layers.{block}")
             block += 1
@@ -153,18 +172,24 @@ def export_pipelining(plan: Plan, *, layer_kinds: Sequence[str] | None = None,
         raise UnsupportedExport("pipelining", reasons)
     schedule = _schedule(plan, job_schedule)
     schedule_class = PIPELINING_SCHEDULES[schedule]
+    layer_modules = [_torchtitan_names(kinds, (layer, layer + 1))
+                     for layer in range(ranks.num_layers)]
     pipelines = []
     for p, pipeline in enumerate(plan.pipelines):
         stage_ranks = [ranks.stage_ranks(p, s) for s in range(len(pipeline.stages))]
+        share = ranks.pipelines[p]
         pipelines.append({
             "pipeline": p,
             "schedule_class": schedule_class,
             "n_microbatches": pipeline.num_micro_batches,
             "micro_batch_size": pipeline.micro_batch_size,
-            "batch_share": ranks.pipelines[p].batch_share,
+            "first_sample": share.first_sample,
+            "num_samples": share.num_samples,
+            "batch_share": share.batch_share,
             "num_stages": len(pipeline.stages),
             "split_points": [stage.layers[0] for stage in pipeline.stages[1:]],
             # One PipelineStage group per TP rank: stage s's k-th GPU talks to stage s+1's k-th.
+            # Ranks in stage order, which need not be increasing: see PP_GROUP_OPTIONS.
             "pp_groups": [list(group) for group in zip(*stage_ranks, strict=True)],
             "stages": [
                 {"stage_index": s, "layers": list(stage.layers), "tp_size": stage.tp,
@@ -177,20 +202,29 @@ def export_pipelining(plan: Plan, *, layer_kinds: Sequence[str] | None = None,
         "format": "pipelining",
         "schedule": schedule.value,
         "world_size": ranks.world_size,
+        "global_batch_size": ranks.global_batch_size,
+        "pp_group_options": dict(PP_GROUP_OPTIONS),
+        "layer_module_names": layer_modules,
         "pipelines": pipelines,
         "gradient_sync": [
             {"layers": list(g.layers), "kind": g.kind,
+             "module_names": [name for layer in range(*g.layers) for name in layer_modules[layer]],
              "rank_groups": [list(group) for group in g.rank_groups]}
             for g in ranks.sync_groups
         ],
         "notes": [
             *_schedule_notes(plan, job_schedule),
+            "Every process creates every pp group, in the order given, with "
+            "dist.new_group(ranks, **pp_group_options): sort_ranks=False keeps the stage order, "
+            "since a PipelineStage takes the process of group rank i to be stage i.",
             "Build each pipeline's stages with PipelineStage(submodule, stage_index, num_stages, "
             "device, group=<its pp group>) and run schedule_class(stage, n_microbatches, "
-            "loss_fn).step(...) on it.",
+            "loss_fn).step(...) on it with the samples [first_sample, first_sample + "
+            "num_samples) of the global batch.",
             "The schedules average gradients over micro-batches (scale_grads=True); multiply a "
-            "pipeline's gradients by its batch_share, then all-reduce (sum) each layer's "
-            "gradients over its gradient_sync groups before the optimizer step.",
+            "pipeline's gradients by its batch_share, then all-reduce (sum) the gradients of "
+            "each gradient_sync entry's module_names over its rank_groups before the "
+            "optimizer step.",
         ],
     }
 
@@ -198,8 +232,10 @@ def export_pipelining(plan: Plan, *, layer_kinds: Sequence[str] | None = None,
 # ---------------------------------------------------------------- Megatron / DeepSpeed
 
 
-def _uniform_reasons(plan: Plan, fmt: str, schedule: Schedule) -> list[str]:
-    """What a plan uses that a framework with one (TP, PP, DP) grid and 1F1B lacks."""
+def _uniform_reasons(plan: Plan, fmt: str, schedule: Schedule,
+                     schedules: Sequence[Schedule] = (Schedule.ONE_F_ONE_B,)) -> list[str]:
+    """What a plan uses that a framework with one (TP, PP, DP) grid running `schedules`
+    lacks."""
     reasons = []
     tps = sorted({s.tp for p in plan.pipelines for s in p.stages})
     if len(tps) > 1:
@@ -218,8 +254,9 @@ def _uniform_reasons(plan: Plan, fmt: str, schedule: Schedule) -> list[str]:
     if len(set(counts)) > 1:
         reasons.append(f"mixed micro-batch counts {counts}; {fmt} gives every data-parallel "
                        "replica the same number of micro-batches")
-    if schedule is not Schedule.ONE_F_ONE_B:
-        reasons.append(f"schedule {schedule.value!r}; {fmt}'s pipeline engine runs 1F1B")
+    if schedule not in schedules:
+        reasons.append(f"schedule {schedule.value!r}; {fmt}'s pipeline engine runs "
+                       f"{' or '.join(s.value for s in schedules)}")
     return reasons
 
 
@@ -355,17 +392,11 @@ def export_deepspeed(
     job_schedule: str | None = None,
 ) -> dict[str, Any]:
     """DeepSpeed PipelineModule settings and a ds_config for a plan whose pipelines are
-    identical replicas with an even layer split."""
+    identical replicas; an uneven split is given as stage bounds."""
     ranks = build_rank_map(plan)
     kinds = _kinds(ranks.num_layers, layer_kinds)
     reasons = (_uniform_reasons(plan, "DeepSpeed", _schedule(plan, job_schedule))
                + _kind_reasons(kinds, "DeepSpeed"))
-    layer_counts = [s.layers[1] - s.layers[0] for s in plan.pipelines[0].stages]
-    if len(set(layer_counts)) > 1:
-        # partition_method takes "uniform", "parameters" or "type:<regex>", never explicit
-        # bounds, and "uniform" spreads remainders differently across DeepSpeed versions.
-        reasons.append(f"uneven layer split {layer_counts}; DeepSpeed's PipelineModule "
-                       "partition_method cannot state explicit stage bounds, only an even split")
     if zero_stage not in (0, 1):
         reasons.append(f"zero_stage {zero_stage}; DeepSpeed's pipeline engine supports ZeRO 0 or 1")
     if not reasons:
@@ -375,11 +406,25 @@ def export_deepspeed(
         raise UnsupportedExport("deepspeed", reasons)
     first = plan.pipelines[0]
     tp, pp, dp = first.stages[0].tp, len(first.stages), len(plan.pipelines)
+    layer_counts = [s.layers[1] - s.layers[0] for s in first.stages]
+    even = len(set(layer_counts)) == 1
+    ds_config: dict[str, Any] = {
+        "train_batch_size": ranks.global_batch_size,
+        "train_micro_batch_size_per_gpu": first.micro_batch_size,
+        "gradient_accumulation_steps": first.num_micro_batches,
+        "zero_optimization": {"stage": zero_stage},
+    }
+    if zero_stage > 0:
+        # ZeRO refuses optimizers DeepSpeed did not write (torch.optim.*) without this.
+        ds_config["zero_allow_untested_optimizer"] = True
     return {
         "format": "deepspeed",
         "pipeline_module": {
             "num_stages": pp,
-            "partition_method": "uniform",
+            # partition_method knows "uniform", "parameters" and "type:<regex>", never
+            # explicit bounds: an uneven split needs stage_bounds (BoundedPipelineModule).
+            "partition_method": "uniform" if even else None,
+            "stage_bounds": [0, *(stage.layers[1] for stage in first.stages)],
             "layer_counts": layer_counts,
             "layer_kinds": list(kinds),
         },
@@ -390,44 +435,18 @@ def export_deepspeed(
                      else ["data", "pipe", "model"],
                      "dims": [pp, dp, tp] if order == TP_DP_PP else [dp, pp, tp]},
         "rank_order": order,
-        "ds_config": {
-            "train_batch_size": ranks.global_batch_size,
-            "train_micro_batch_size_per_gpu": first.micro_batch_size,
-            "gradient_accumulation_steps": first.num_micro_batches,
-            "zero_optimization": {"stage": zero_stage},
-        },
+        "ds_config": ds_config,
         "nodes": nodes,
         "notes": [
+            "Merge ds_config into your own: it holds what the plan decides. Other settings "
+            "keep DeepSpeed's defaults, among them gradient_clipping (1.0 in DeepSpeed 0.19).",
+            *([] if even else [
+                "Uneven split: build the model with launcher.deepspeed_pipe.BoundedPipelineModule"
+                "(layers, stage_bounds=pipeline_module.stage_bounds, topology=...), a "
+                "PipelineModule that takes explicit stage bounds (docs/launching.md)."]),
             *(["TP inside a DeepSpeed pipeline needs a Megatron-style mpu (Megatron-DeepSpeed); "
                "with tp > 1 pass topology to PipelineModule and build TP layers."]
               if tp > 1 else []),
             *_schedule_notes(plan, job_schedule),
         ],
     }
-
-
-# ---------------------------------------------------------------- dispatch
-
-FORMATS: dict[str, Callable[..., dict[str, Any]]] = {
-    "torchrun": export_torchrun,
-    "pipelining": export_pipelining,
-    "megatron": export_megatron,
-    "deepspeed": export_deepspeed,
-}
-
-
-def export_plan(plan: Plan, fmt: str, **options: Any) -> dict[str, Any]:
-    """`plan` written for launcher format `fmt` as a JSON-ready dict.
-
-    Raises `UnsupportedExport` listing what the plan uses that `fmt` cannot express,
-    and `ValueError` for an unknown format or option."""
-    try:
-        exporter = FORMATS[fmt]
-    except KeyError:
-        raise ValueError(f"unknown export format {fmt!r}; use one of {sorted(FORMATS)}") from None
-    known = set(exporter.__kwdefaults__ or {})
-    unknown = sorted(set(options) - known)
-    if unknown:
-        raise ValueError(f"unknown option(s) {unknown} for format {fmt!r}; "
-                         f"it takes {sorted(known)}")
-    return exporter(plan, **options)

@@ -30,6 +30,7 @@ from planner.search.baselines import baseline_candidates
 from planner.search.diagnose import infeasibility_reason, no_plan_reason
 from planner.search.drafts import Candidate, Draft, best_realized, draft
 from planner.search.exact import TooLargeForExact, check_size, exact_optimum
+from planner.search.launchers import best_for_launcher, check_launcher, launcher_candidates
 from planner.search.polish import polish_splits
 from planner.search.refine import rebalance
 from planner.search.tables import ScenarioTables, compile_tables
@@ -67,6 +68,12 @@ class SearchOptions:
     `optimal`); refused with an error naming the limit when the scenario is too large."""
     finalists: int = 8
     """Candidate plans judged by the full estimator (event simulation and sync rings)."""
+    launcher: str | None = None
+    """Return the best plan this launcher format can run (`megatron`, `deepspeed`,
+    `torchtitan`, ...: one grid of identical pipelines) instead of the best plan."""
+    enumerate_small: bool = True
+    """On scenarios within exact mode's limits, also run its enumeration from the search's
+    best plan, for up to 80% of the time limit (status `optimal` when it finishes)."""
     parallel_allocations: int = 2
     """Allocation runs (pipeline caps, sync subsets) solved at once in threads; CP-SAT
     releases the GIL while it solves. The plan is the same for any value."""
@@ -134,6 +141,8 @@ def _plan(
     report(0.0, "compiling cost tables")
     if options.exact:
         check_size(scenario)  # refused before anything is built
+    if options.launcher is not None:
+        check_launcher(options.launcher)
     tables = compile_tables(scenario)
     _check_feasible(tables)
     report(0.05, "building pipeline templates")
@@ -154,6 +163,9 @@ def _plan(
         baselines_ready = side.submit(_judged_baselines, scenario, tables, templates)
         report(0.3, f"allocating GPUs over {len(templates)} pipeline templates")
         candidates, proven = _allocation_candidates(tables, templates, options, started, report)
+        # Identical replicas of one template, at each count that splits the batch evenly:
+        # what one-grid launchers run, and at times what the allocation's linear model misses.
+        candidates.extend(launcher_candidates(tables, templates))
         report(0.7, "building baselines")
         baselines = baselines_ready.result()
     candidates.extend(c for group in baselines.values() for c, _ in group)
@@ -161,7 +173,13 @@ def _plan(
     status = PlanStatus.FEASIBLE if proven else PlanStatus.HEURISTIC
     report(0.8, f"judging {min(len(candidates), options.finalists)} finalists")
     best, evaluation, baseline_rates = _judge(scenario, candidates, baselines, options)
-    if options.exact or _small_enough(scenario):
+    if options.launcher is not None:
+        report(0.9, f"restricting to what {options.launcher} runs")
+        if best is not None:
+            candidates.append(best)
+        best, evaluation = best_for_launcher(scenario, options.launcher, candidates,
+                                             options.finalists)
+    elif options.exact or (options.enumerate_small and _small_enough(scenario)):
         best, evaluation, status = _exact(scenario, best, evaluation, status, options, started,
                                           report)
     if best is None or evaluation is None:

@@ -82,10 +82,11 @@ def _draft(
 ) -> Draft:
     distinct = {id(t) for t in templates}
     one = templates[0]
-    # Replicas of one template: its own ring estimate, unless they fit in one node.
-    spread = len(templates) * max(s.tp for s in one.stages) > max(
+    # Replicas of one template: its own ring estimate, unless they are of one class and fit
+    # in one of its nodes, where every ring stays inside.
+    inside = len(one.gpus()) == 1 and len(templates) * max(s.tp for s in one.stages) <= max(
         c.largest_node for c in tables.classes if c.key in one.gpus())
-    sync = (one.sync_s(len(templates)) if len(distinct) == 1 and spread
+    sync = (one.sync_s(len(templates)) if len(distinct) == 1 and not inside
             else rough_sync_s(tables, templates))
     return Draft(pipelines=tuple(templates), micro_batches=tuple(counts),
                  pipeline_s=max(t.time_s(m) for t, m in zip(templates, counts, strict=True)),

@@ -67,6 +67,7 @@ class SuffixSweep:
         self.choice: list[np.ndarray] = []
         self.specs: list[StageSpec] = []
         self.costs: list[np.ndarray] = []
+        self.cost_matrices: list[_Matrices] = []
         """Per pushed stage: its time over every layer range, as the DP saw it."""
         self._front_fits: _Matrices | None = None
 
@@ -95,6 +96,7 @@ class SuffixSweep:
         self.choice.append(choice)
         self.specs.append(spec)
         self.costs.append(costs.by_end)
+        self.cost_matrices.append(costs)
 
     def _goes_on(self, more_stages: int) -> bool:
         return more_stages > 0 and self.extendable() and self.can_reach_first_layer(more_stages)
@@ -124,9 +126,9 @@ class SuffixSweep:
         `front_link_in` instead (where another segment will join the pipeline), ready for
         more stages in front."""
         copy = SuffixSweep(self.tables, blocking=self.blocking, num_pipelines=self.num_pipelines)
-        copy.best, copy.choice, copy.specs, copy.costs = (
+        copy.best, copy.choice, copy.specs, copy.costs, copy.cost_matrices = (
             self.best[:keep - 1], self.choice[:keep - 1], self.specs[:keep - 1],
-            self.costs[:keep - 1])
+            self.costs[:keep - 1], self.cost_matrices[:keep - 1])
         front = self.specs[keep - 1]
         copy.push(StageSpec(point=front.point, in_flight=front.in_flight, link_in=front_link_in))
         return copy
@@ -176,18 +178,22 @@ class SuffixSweep:
         if num_stages == 1:
             return self.extract(num_stages)
         limit = float(self.best[num_stages - 1][0]) * (1 + 1e-12)
-        size = self.tables.num_layers + 1
-        heaviest = np.full(size, INF)
-        heaviest[-1] = 0.0
+        num_layers = self.tables.num_layers
+        size = num_layers + 1
+        # Banded, as the first DP: a stage spans at most the longest range that fits.
+        starts = np.arange(size)
+        heaviest = np.full(2 * size, INF)
+        heaviest[num_layers] = 0.0
         choices = []
         for k in range(1, num_stages + 1):
             spec = self.specs[k - 1]
-            weight, fits = self._weight_and_fits(spec)
-            allowed = (self.costs[k - 1] <= limit) & fits
-            total = np.where(allowed, np.maximum(weight, heaviest[None, :]), INF)
+            ends, weight, fits = self._band(spec)
+            width = ends.shape[1]
+            allowed = fits & (self.cost_matrices[k - 1].by_length[:, :width] <= limit)
+            total = np.where(allowed, np.maximum(weight, heaviest[ends]), INF)
             pick = total.argmin(axis=1)
-            heaviest = total[np.arange(size), pick]
-            choices.append(pick)
+            heaviest = np.concatenate((total[starts, pick], np.full(size, INF)))
+            choices.append(starts + pick + 1)
         if not np.isfinite(heaviest[0]):  # float ties broken otherwise: keep the first DP's
             return self.extract(num_stages)
         bounds = [0]
@@ -198,19 +204,23 @@ class SuffixSweep:
             stage_s.append(float(self.costs[k - 1][start, bounds[-1]]))
         return Partition(bounds=tuple(bounds), stage_s=tuple(stage_s))
 
-    def _weight_and_fits(self, spec: StageSpec) -> tuple[np.ndarray, np.ndarray]:
-        """Parameters per GPU over every layer range, and where the stage fits with its
-        micro-batches in flight (cached per search, as the other matrices)."""
-        key = ("light", id(spec.point), spec.in_flight, spec.link_in is None, self.num_pipelines)
+    def _band(self, spec: StageSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For the light split: per start and length up to the longest range that fits, the
+        range's end, its parameters per GPU, and whether it fits (cached per search)."""
+        key = ("band", id(spec.point), spec.in_flight, spec.link_in is None, self.num_pipelines)
         cache = self.tables.matrices
         found = cache.get(key)
         if found is None:
-            params = self.tables.params
-            weight = (params[None, :] - params[:, None]) / spec.point.tp
-            size = self.tables.num_layers + 1
-            fits = (self._fits(spec).by_end >= spec.in_flight) & _upper(size)
-            found = cache[key] = (weight, fits)
-        return cast(tuple[np.ndarray, np.ndarray], found)
+            num_layers = self.tables.num_layers
+            size = num_layers + 1
+            fits = self._fits(spec)
+            width = max(1, min(fits.longest(spec.in_flight), num_layers))
+            ends = np.arange(size)[:, None] + np.arange(1, width + 1)[None, :]
+            params = np.concatenate((self.tables.params, np.full(size, np.inf)))
+            weight = (params[ends] - params[:size, None]) / spec.point.tp
+            ok = (fits.by_length[:, :width] >= spec.in_flight) & (ends <= num_layers)
+            found = cache[key] = (ends, weight, ok)
+        return cast(tuple[np.ndarray, np.ndarray, np.ndarray], found)
 
     def _costs(self, spec: StageSpec, link_out: LinkCost | None) -> _Matrices:
         """Time of this stage over every layer range [j, e): compute plus, with blocking

@@ -64,7 +64,7 @@ def class_options(
     """Every depth and profiled point of the class, with all its replicas, half and a quarter
     of them (fewer GPUs on a node share its network interfaces among fewer rings)."""
     options = []
-    for template in homogeneous_templates(ctx, cls, num_pipelines=num_pipelines, every_depth=True):
+    for template in homogeneous_templates(ctx, cls, num_pipelines=num_pipelines):
         most = cls.slots(template.stages[0].tp) // template.num_stages
         for copies in sorted({most, -(-most // 2), -(-most // 4)}, reverse=True):
             if copies > 0:

@@ -286,8 +286,22 @@ def _points(ctx: TemplateContext, cls: ResourceClass) -> Iterator[tuple[int, int
 def _homogeneous(
     ctx: TemplateContext, num_pipelines: int, limits: TemplateLimits
 ) -> Iterator[PipelineTemplate]:
+    """The allocation's homogeneous templates: one sweep per point, its stages sharing a
+    node while the run fits in one, the depths that cut the bottleneck. (The per-type
+    baseline prices node crossings where placement puts them and keeps every depth:
+    `homogeneous_templates`. Offered to the allocation too, those templates moved its
+    linear model to worse mixed plans on the shared scenarios: measured, not kept.)"""
     for cls in ctx.tables.classes:
-        yield from homogeneous_templates(ctx, cls, num_pipelines=num_pipelines, limits=limits)
+        for b, tp in _points(ctx, cls):
+            shape = StageShape(resource=cls.key, tp=tp)
+            max_stages = min(limits.max_stages, cls.slots(tp), ctx.tables.num_layers)
+            sweep = SuffixSweep(ctx.tables, blocking=ctx.blocking, num_pipelines=num_pipelines)
+            sweep_together([sweep], [functools.partial(_run_spec, ctx, cls, shape, b, 0)],
+                           [max_stages])
+            yield from _useful_depths(ctx, functools.partial(_by_residue, [sweep]),
+                                      len(sweep.specs), b,
+                                      functools.partial(_segments, shape, None, 0),
+                                      light=False, sync_depths=False)
 
 
 def homogeneous_templates(
@@ -296,19 +310,17 @@ def homogeneous_templates(
     *,
     num_pipelines: int = 1,
     limits: TemplateLimits | None = None,
-    every_depth: bool = False,
 ) -> list[PipelineTemplate]:
-    """Pipelines of one class at every profiled point, with their least-bottleneck splits:
-    the depths that pay off in bottleneck or in sync, or (`every_depth`) all that fit.
-    Swept once per search (the per-type baseline asks for every depth, the allocation for
-    those that pay off)."""
+    """Pipelines of one class at every profiled point and depth that fits, with their
+    least-bottleneck splits (of those, the lightest heaviest stage), transfers priced
+    across nodes where placement cuts a pipeline. Swept once per search."""
     limits = limits or TemplateLimits()
     key = ("homogeneous", cls.key, num_pipelines, limits.max_stages)
     every = ctx.tables.matrices.get(key)
     if every is None:
         every = ctx.tables.matrices[key] = list(_every_depth(ctx, cls, num_pipelines, limits))
     assert isinstance(every, list)
-    return list(every) if every_depth else _paying(every)
+    return list(every)
 
 
 def _every_depth(
@@ -331,24 +343,6 @@ def _every_depth(
                        [max_stages for _ in residues])
         yield from _useful_depths(ctx, functools.partial(_by_residue, sweeps), max_stages, b,
                                   functools.partial(_segments, shape, None, 0), every_depth=True)
-
-
-def _paying(templates: Sequence[PipelineTemplate]) -> list[PipelineTemplate]:
-    """Of templates listed by point, then depth, those whose depth pays off: a deeper one must
-    cut the bottleneck or its heaviest stage's gradient bytes by 2% (see `_useful_depths`)."""
-    kept = []
-    point = None
-    best_bottleneck = best_sync = math.inf
-    for t in templates:
-        if (t.micro_batch, t.stages[0].tp) != point:
-            point = (t.micro_batch, t.stages[0].tp)
-            best_bottleneck = best_sync = math.inf
-        sync = max(data for data, _ in t.sync_parts)
-        if t.bottleneck_s < best_bottleneck * IMPROVEMENT or sync < best_sync * IMPROVEMENT:
-            best_bottleneck = min(best_bottleneck, t.bottleneck_s)
-            best_sync = min(best_sync, sync)
-            kept.append(t)
-    return kept
 
 
 def _by_residue(sweeps: Sequence[SuffixSweep], depth: int) -> SuffixSweep:
@@ -452,7 +446,7 @@ def _two_segment(
         yield from _useful_depths(
             ctx, functools.partial(_by_residue, [tail.sweep]), len(tail.sweep.specs), tail.b,
             functools.partial(_segments, tail.front_shape, tail.back_shape, tail.num_back),
-            first_depth=tail.num_back + 1, light=False)
+            first_depth=tail.num_back + 1, light=False, sync_depths=False)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -540,13 +534,14 @@ def _useful_depths(
     first_depth: int = 1,
     every_depth: bool = False,
     light: bool = True,
+    sync_depths: bool = True,
 ) -> Iterator[PipelineTemplate]:
     """Templates of the depths swept from `first_depth` on that pay off: a deeper pipeline
     must cut the bottleneck or the heaviest stage's gradient bytes (its share of the
     sync ring) by 2%. Deeper pipelines hold fewer parameters per GPU, so they sync less
-    even where their bottleneck no longer falls. `light`: of the least-bottleneck splits,
-    the one whose heaviest stage holds the fewest parameters (a second DP; two-segment
-    templates, by the thousand, keep the first DP's split)."""
+    even where their bottleneck no longer falls (unless `sync_depths` is off). `light`: of
+    the least-bottleneck splits, the one whose heaviest stage holds the fewest parameters
+    (a second DP; templates by the thousand keep the first DP's split)."""
     best_bottleneck = best_sync = math.inf
     for depth in range(first_depth, deepest + 1):
         sweep = sweep_for(depth)
@@ -558,7 +553,7 @@ def _useful_depths(
         bottleneck = template.bottleneck_s
         sync = max(data for data, _ in template.sync_parts)
         if every_depth or bottleneck < best_bottleneck * IMPROVEMENT \
-                or sync < best_sync * IMPROVEMENT:
+                or (sync_depths and sync < best_sync * IMPROVEMENT):
             best_bottleneck = min(best_bottleneck, bottleneck)
             best_sync = min(best_sync, sync)
             yield template

@@ -85,3 +85,8 @@ def test_serving_open_on_a_public_address_when_told(monkeypatch: pytest.MonkeyPa
     check_exposure("0.0.0.0", Settings(tokens={"t": ["admin"]}))
     monkeypatch.setenv("HETPLAN_TOKENS", '{"t": ["plan"]}')
     assert Settings().tokens == {"t": ["plan"]}
+
+
+def test_empty_tokens_variable_means_no_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HETPLAN_TOKENS", "")
+    assert Settings().tokens == {}

@@ -145,3 +145,12 @@ def test_unknown_route_is_404_in_the_error_shape(client: TestClient) -> None:
     response = client.get("/v1/nothing-here")
     assert response.status_code == 404
     assert response.json()["error"] == "not_found"
+
+
+def test_name_with_a_slash_is_read_back_at_its_location(client: TestClient) -> None:
+    created = client.post("/v1/gpu-types", json={"name": "A100/80G", "memory_gib": 80})
+    assert created.status_code == 201
+    assert created.headers["location"] == "/v1/gpu-types/A100%2F80G?version=1"
+    read = client.get(created.headers["location"])
+    assert read.status_code == 200
+    assert read.json()["name"] == "A100/80G"

@@ -101,3 +101,12 @@ def test_plan_with_a_goal_longer_than_the_inline_threshold_becomes_a_job(
         "time_limit_s": 1, "objective": "cost"}})
     assert response.status_code == 202, response.text
     assert wait_job(client, response.json()["id"])["status"] == "succeeded"
+
+
+def test_frontier_goes_on_past_a_fleet_the_search_process_refuses(client: TestClient) -> None:
+    document = priced()
+    document["gpu_types"]["S"]["memory_gib"] = 1  # below the job's 2 GiB reserve: nothing fits
+    response = client.post("/v1/plans/pareto", json={"scenario": document,
+                                                     "options": {"time_limit_s": 1}})
+    assert response.status_code == 201, response.text
+    assert [p["usd_per_hour"] for p in response.json()["frontier"]] == [4.0]

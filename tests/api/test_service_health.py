@@ -28,6 +28,7 @@ def test_readyz_when_the_database_is_unreachable_is_503() -> None:
         response = client.get("/readyz")
     assert response.status_code == 503
     assert response.json()["status"] == "unavailable"
+    assert response.headers["retry-after"] == "5"
 
 
 def test_request_when_the_database_is_unreachable_is_503() -> None:
@@ -37,6 +38,7 @@ def test_request_when_the_database_is_unreachable_is_503() -> None:
         response = client.get("/v1/gpu-types")
     assert response.status_code == 503
     assert response.json()["error"] == "storage_unavailable"
+    assert response.headers["retry-after"] == "5"
 
 
 def test_metrics_count_requests_by_route_template(client: TestClient) -> None:
@@ -48,6 +50,33 @@ def test_metrics_count_requests_by_route_template(client: TestClient) -> None:
     assert "hetplan_http_request_duration_seconds_bucket" in text
     assert "hetplan_jobs_pending 0.0" in text
     assert "hetplan_solve_seconds" in text
+
+
+def series(text: str, metric: str) -> set[str]:
+    return {line.split("}")[0] for line in text.splitlines() if line.startswith(metric + "{")}
+
+
+def test_made_up_methods_and_paths_add_no_metric_series(client: TestClient) -> None:
+    client.get("/v1/nothing")
+    client.post("/v1/plans/0123abcd")
+    before = series(client.get("/metrics").text, "hetplan_http_requests_total")
+    for i in range(20):
+        client.request(f"MADEUP{i}", "/v1/plans")
+        client.request(f"MADEUP{i}", f"/no/such/path/{i}")
+        client.get(f"/v1/nothing/{i}")
+        client.post("/v1/plans/0123abcd")
+    text = client.get("/metrics").text
+    added = series(text, "hetplan_http_requests_total") - before
+    assert added == {'hetplan_http_requests_total{method="other",route="/v1/plans",status="405"',
+                     'hetplan_http_requests_total{method="other",route="unmatched",status="404"',
+                     'hetplan_http_requests_total{method="GET",route="/metrics",status="200"'}
+
+
+def test_405_allows_every_method_its_path_serves(client: TestClient) -> None:
+    response = client.delete("/v1/plans")
+    assert response.status_code == 405
+    assert set(response.headers["allow"].split(", ")) == {"GET", "POST"}
+    assert response.json()["error"] == "method_not_allowed"
 
 
 def test_body_above_the_limit_is_413(make_client: MakeClient) -> None:

@@ -35,3 +35,28 @@ def test_every_operation_is_versioned_and_documents_errors(tmp_path: Path) -> No
         if path.startswith("/v1/"):
             for method, operation in operations.items():
                 assert "422" in operation["responses"], f"{method} {path}"
+
+
+def security_of(tmp_path: Path, **settings: object) -> dict[str, bool]:
+    app = create_app(Settings(database_url=f"sqlite:///{tmp_path / 'unused.db'}",
+                              **settings))  # type: ignore[arg-type]
+    paths = app.openapi()["paths"]
+    return {op["operationId"]: "security" in op
+            for operations in paths.values() for op in operations.values()}
+
+
+def test_without_tokens_no_operation_declares_security(tmp_path: Path) -> None:
+    assert not any(security_of(tmp_path).values())
+
+
+def test_with_tokens_writes_declare_security_and_open_reads_do_not(tmp_path: Path) -> None:
+    declared = security_of(tmp_path, tokens={"t": ["admin"]})
+    assert declared["create_plan"] and declared["upload_profiles"] and declared["cancel_job"]
+    assert not declared["get_plan"] and not declared["list_profile_sets"]
+    assert not declared["readyz"]
+
+
+def test_with_tokens_required_for_reads_reads_declare_security(tmp_path: Path) -> None:
+    declared = security_of(tmp_path, tokens={"t": ["admin"]}, read_requires_token=True)
+    assert declared["get_plan"] and declared["create_plan"]
+    assert not declared["healthz"]

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
 import planner
@@ -167,7 +168,7 @@ def test_job_that_fails_reports_the_planner_error(make_client: MakeClient,
     assert final["error"]["error"] == "infeasible" and "95.0 GiB" in final["error"]["message"]
 
 
-def test_too_many_pending_jobs_is_503(make_client: MakeClient,
+def test_too_many_pending_jobs_is_503_with_retry_after(make_client: MakeClient,
                                       scenario: dict[str, Any]) -> None:
     started, release = threading.Event(), threading.Event()
     client = make_client(solver=blocking_solver(started, release), max_pending_jobs=1)
@@ -176,6 +177,7 @@ def test_too_many_pending_jobs_is_503(make_client: MakeClient,
         response = client.post("/v1/plans?job=true", json={"scenario": scenario})
         assert response.status_code == 503
         assert response.json()["error"] == "overloaded"
+        assert response.headers["retry-after"] == "1"
         client.post(f"/v1/jobs/{first['id']}/cancel")
         wait_job(client, first["id"])
     finally:
@@ -232,7 +234,7 @@ def test_plan_request_with_nan_in_scenario_is_rejected(client: TestClient,
     response = client.post("/v1/plans", content=json.dumps({"scenario": scenario}).encode(),
                            headers={"content-type": "application/json"})
     assert response.status_code == 422
-    assert response.json()["problems"][0]["path"] == "profiles[0].forward_ms"
+    assert response.json()["problems"][0]["path"] == "scenario.profiles[0].forward_ms"
 
 
 def test_plan_request_naming_an_unknown_cluster_is_rejected(
@@ -363,7 +365,7 @@ def test_rankmap_and_export_of_a_stored_plan(make_client: MakeClient,
 
 
 def test_export_in_an_unknown_format_is_rejected(client: TestClient) -> None:
-    response = client.get("/v1/plans/0123abcd/export?format=slurm")
+    response = client.get("/v1/plans/0123abcd/export?format=mpirun")
     assert response.status_code == 422
     assert response.json()["problems"][0]["path"] == "query.format"
 
@@ -509,3 +511,22 @@ def test_evaluate_on_stored_pieces_with_a_local_job(client: TestClient,
                                                  "job": local["job"], "plan": plan})
     assert response.status_code == 200, response.text
     assert response.json()["valid"] is True and response.json()["schedule"] == "local"
+
+
+def test_job_finishes_through_a_database_blip_on_its_status_writes(
+        make_client: MakeClient, scenario: dict[str, Any], plan_document: dict[str, Any]) -> None:
+    client = make_client(solver=fixed_solver(plan_document))
+    failures = [3]
+
+    def blip(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        on_job_thread = threading.current_thread().name.startswith("hetplan-solve")
+        if on_job_thread and statement.lstrip().upper().startswith("UPDATE JOBS") \
+                and failures[0] > 0:
+            failures[0] -= 1
+            raise sa.exc.OperationalError(statement, {}, Exception("connection lost"))
+
+    sa.event.listen(client.app.state.store.engine,  # type: ignore[attr-defined]
+                    "before_cursor_execute", blip)
+    job = client.post("/v1/plans?job=true", json={"scenario": scenario}).json()
+    assert wait_job(client, job["id"], timeout_s=15)["status"] == "succeeded"
+    assert failures == [0]

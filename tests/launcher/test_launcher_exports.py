@@ -17,7 +17,7 @@ import pytest
 
 from planner import UnsupportedExport, parse_plan
 from planner.documents import Plan
-from planner.export import FORMATS, export_plan, rank_map
+from planner.export import FORMATS, export_plan, expressible, rank_map
 
 HERE = Path(__file__).parent
 DATA, GOLDEN = HERE / "data", HERE / "golden"
@@ -115,7 +115,7 @@ def test_pipelining_names_schedule_classes_and_split_points() -> None:
     assert first["schedule_class"] == "Schedule1F1B"
     assert first["split_points"] == [3]
     assert first["stages"][0]["module_names"] == ["tok_embeddings", "layers.0", "layers.1"]
-    assert first["stages"][1]["module_names"][-2:] == ["norm", "output"]
+    assert first["stages"][1]["module_names"][-2:] == ["norm", "lm_head"]
     assert second["split_points"] == []
     assert first["batch_share"] == 0.5
     gpipe = export_plan(_plan((1, 1, [(1, ["a:0"], 0, 2)]), schedule="gpipe"), "pipelining")
@@ -168,12 +168,16 @@ def test_placement_that_no_rank_order_fits_is_rejected() -> None:
         export_plan(plan, "megatron")
 
 
-def test_deepspeed_rejects_uneven_split_and_zero2() -> None:
+def test_deepspeed_rejects_zero2() -> None:
     plan = _plan((1, 2, [(1, ["a:0"], 0, 4), (1, ["a:1"], 4, 10)]))
-    with pytest.raises(UnsupportedExport) as caught:
+    with pytest.raises(UnsupportedExport, match="zero_stage 2"):
         export_plan(plan, "deepspeed", zero_stage=2)
-    assert any("uneven layer split [4, 6]" in r for r in caught.value.reasons)
-    assert any("zero_stage 2" in r for r in caught.value.reasons)
+
+
+def test_deepspeed_gives_an_uneven_split_as_stage_bounds() -> None:
+    plan = _plan((1, 2, [(1, ["a:0"], 0, 4), (1, ["a:1"], 4, 10)]))
+    module = export_plan(plan, "deepspeed")["pipeline_module"]
+    assert (module["partition_method"], module["stage_bounds"]) == (None, [0, 4, 10])
 
 
 def test_deepspeed_writes_ds_config_for_an_even_uniform_plan() -> None:
@@ -182,8 +186,10 @@ def test_deepspeed_writes_ds_config_for_an_even_uniform_plan() -> None:
     got = export_plan(plan, "deepspeed", zero_stage=1)
     assert got["ds_config"] == {"train_batch_size": 32, "train_micro_batch_size_per_gpu": 2,
                                 "gradient_accumulation_steps": 8,
-                                "zero_optimization": {"stage": 1}}
+                                "zero_optimization": {"stage": 1},
+                                "zero_allow_untested_optimizer": True}
     assert got["pipeline_module"]["layer_counts"] == [5, 5]
+    assert got["pipeline_module"]["partition_method"] == "uniform"
 
 
 def test_torchrun_gives_each_node_its_processes_and_devices() -> None:
@@ -205,8 +211,8 @@ def test_layer_kinds_other_than_embedding_blocks_head_are_rejected() -> None:
 
 
 def test_unknown_format_names_the_known_ones() -> None:
-    with pytest.raises(ValueError, match=r"unknown export format 'slurm'; use one of \['deepspeed'"):
-        export_plan(ASYMMETRIC, "slurm")
+    with pytest.raises(ValueError, match=r"unknown export format 'mpirun'; use one of \['deepspeed'"):
+        export_plan(ASYMMETRIC, "mpirun")
 
 
 def test_unknown_option_is_rejected() -> None:
@@ -230,3 +236,23 @@ def test_plan_without_schedule_runs_the_job_schedule() -> None:
     assert any("assumed 1f1b" in note for note in assumed["notes"])
     with pytest.raises(ValueError, match="job_schedule 'zb'"):
         export_plan(plan, "deepspeed", job_schedule="zb")
+
+
+def test_expressible_is_none_for_a_plan_the_format_runs_else_every_reason() -> None:
+    even = _plan((2, 8, [(1, ["a:0"], 0, 5), (1, ["a:1"], 5, 10)]),
+                 (2, 8, [(1, ["a:2"], 0, 5), (1, ["a:3"], 5, 10)]))
+    assert expressible(even, "megatron") is None
+    reasons = expressible(ASYMMETRIC, "megatron")
+    assert reasons is not None
+    with pytest.raises(UnsupportedExport) as caught:
+        export_plan(ASYMMETRIC, "megatron")
+    assert reasons.splitlines() == caught.value.reasons
+    assert expressible(even, "deepspeed", zero_stage=2) == (
+        "zero_stage 2; DeepSpeed's pipeline engine supports ZeRO 0 or 1")
+
+
+def test_expressible_refuses_an_unknown_format_or_option() -> None:
+    with pytest.raises(ValueError, match="unknown export format 'mpirun'"):
+        expressible(ASYMMETRIC, "mpirun")
+    with pytest.raises(ValueError, match="unknown option"):
+        expressible(ASYMMETRIC, "torchrun", zero_stage=1)

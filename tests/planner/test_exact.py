@@ -174,7 +174,9 @@ def test_exact_mode_equals_the_known_optimum(name: str) -> None:
 @pytest.mark.parametrize("name", TINY_NAMES)
 def test_default_search_comes_within_one_percent_of_the_known_optimum(name: str) -> None:
     scenario, optimum = _tiny_case(name)
-    found = plan(scenario, SearchOptions(time_limit_s=10)).evaluation.samples_per_s
+    # A generous limit: the default search spends most of it enumerating small scenarios,
+    # and a loaded CI machine should not decide the outcome.
+    found = plan(scenario, SearchOptions(time_limit_s=60)).evaluation.samples_per_s
     assert found is not None
     assert optimum * 0.99 <= found <= optimum * (1 + 1e-9)
 

@@ -192,3 +192,13 @@ def test_sub_fleets_are_distinct_subsets_with_the_whole_fleet_first(
     assert names[0] == tuple(n.name for n in whole.cluster.nodes)
     assert len(set(names)) == len(names) <= max_fleets
     assert all(set(kept) <= set(names[0]) and kept for kept in names)
+
+
+def test_a_fleet_the_search_refuses_is_an_outcome_and_the_frontier_goes_on() -> None:
+    document = priced()
+    document["gpu_types"]["S"]["memory_gib"] = 1  # below the job's 2 GiB reserve: nothing fits
+    outcomes = fleet.plan_fleets(fleet.sub_fleets(planner.parse_scenario(document)), OPTIONS)
+    refused = {o.label: o.error for o in outcomes if o.error is not None}
+    assert list(refused) == ["S 1/1 nodes"] and "Infeasible" in refused["S 1/1 nodes"]
+    assert [(p.samples_per_s, p.usd_per_hour) for p in fleet.frontier(outcomes)] == [
+        (pytest.approx(F_ALONE), 4.0)]

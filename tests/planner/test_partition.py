@@ -130,3 +130,44 @@ def test_sweeps_side_by_side_equal_sweeps_one_by_one(times: list[float], memory_
             assert np.array_equal(a, b)
         for a, b in zip(swept.choice, alone.choice, strict=True):
             assert np.array_equal(a, b)
+
+
+@settings(max_examples=40, deadline=None)
+@given(times=st.lists(st.floats(min_value=0.1, max_value=9.0), min_size=3, max_size=8),
+       params=st.lists(st.integers(min_value=1, max_value=50), min_size=8, max_size=8),
+       depth=st.integers(min_value=2, max_value=5),
+       memory_gib=st.sampled_from([2.3, 2.6, 3.0, 10.0]))
+def test_light_split_has_the_least_bottleneck_and_then_the_lightest_heaviest_stage(
+        times: list[float], params: list[int], depth: int, memory_gib: float) -> None:
+    doc = scenario_with(times, memory_gib)
+    for i, kind in enumerate(doc["model"]["kinds"].values()):
+        kind["params"] = params[i] * 1_000_000
+    scenario = parse_scenario(doc)
+    tables = compile_tables(scenario)
+    ctx = TemplateContext(tables, Schedule.ONE_F_ONE_B)
+    shape = StageShape(resource=tables.classes[0].key, tp=1)
+    link = LinkCost(latency_s=1e-5, bytes_per_s=1e10)
+    specs = [ctx.stage_spec(shape, 1, k, link) for k in range(1, depth + 1)]
+    sweep = SuffixSweep(tables, blocking=True, num_pipelines=1)
+    for spec in specs:
+        sweep.push(spec)
+    num_layers = len(times)
+    found = sweep.extract_light(depth) if depth <= num_layers else None
+    splits = []
+    for cuts in itertools.combinations(range(1, num_layers), depth - 1):
+        bounds = [0, *cuts, num_layers]
+        part = fixed_partition(tables, specs, bounds, blocking=True, num_pipelines=1)
+        if part is not None:
+            heaviest = max(tables.params[e] - tables.params[s]
+                           for s, e in zip(bounds, bounds[1:], strict=False))
+            splits.append((part.bottleneck_s, heaviest))
+    if not splits:
+        assert found is None
+        return
+    assert found is not None
+    least = min(b for b, _ in splits)
+    lightest = min(h for b, h in splits if b <= least * (1 + 1e-12))
+    bounds = found.bounds
+    assert found.bottleneck_s <= least * (1 + 1e-9)
+    assert max(tables.params[e] - tables.params[s] for s, e in zip(bounds, bounds[1:], strict=False)) \
+        == lightest

@@ -222,3 +222,27 @@ def test_the_upper_bound_counts_sync_when_rings_must_cross_slow_links() -> None:
     # Compute alone allows 64 GPUs' worth; any ring between nodes costs at least its bytes.
     compute_only = 64 / (8 * 30e-3)
     assert bound.samples_per_s < compute_only * 0.999
+
+
+@pytest.mark.parametrize("launcher", ["megatron", "deepspeed", "torchtitan"])
+def test_a_launcher_restricted_plan_is_one_the_launcher_runs(launcher: str) -> None:
+    from planner.export import expressible, format_options, scenario_options
+
+    scenario = parse_scenario(json.loads(
+        (DATA / "scenarios" / "l40sx16-a40x8-v32x16-t4x8-gpt2.7b.json").read_text()))
+    known = format_options(launcher)
+    options = {k: v for k, v in scenario_options(scenario).items() if k in known}
+    free = plan(scenario, SearchOptions(time_limit_s=5))
+    restricted = plan(scenario, SearchOptions(time_limit_s=5, launcher=launcher))
+    assert expressible(free.plan, launcher, **options) is not None  # the best is no grid
+    assert expressible(restricted.plan, launcher, **options) is None
+    assert restricted.evaluation.valid
+    assert restricted.evaluation.samples_per_s is not None and free.evaluation.samples_per_s
+    assert restricted.evaluation.samples_per_s <= free.evaluation.samples_per_s * (1 + 1e-9)
+    assert f"restricted to what {launcher} runs" in restricted.plan.search["origin"]
+
+
+def test_an_unknown_launcher_is_refused_with_the_known_ones() -> None:
+    scenario = parse_scenario(tiny())
+    with pytest.raises(ValueError, match="unknown launcher 'slurmish'.*megatron"):
+        plan(scenario, SearchOptions(launcher="slurmish"))

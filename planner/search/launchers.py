@@ -1,0 +1,90 @@
+"""The best plan a named launcher can run (`SearchOptions.launcher`).
+
+Megatron-LM, DeepSpeed and torchtitan run one grid: identical pipeline
+replicas (one depth, tp, split and micro-batch size, the same share each).
+The search's own plans are often not of that form, so beside its candidates
+and the baselines this step offers identical replicas of every template, at
+every count that divides the batch evenly, and keeps only what the launcher's
+export accepts (`planner.export.expressible`), judged by the estimator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from planner.documents import Scenario
+from planner.errors import Infeasible
+from planner.estimate import Evaluation, evaluate
+from planner.export import FORMATS, expressible, format_options, scenario_options
+from planner.search.drafts import Candidate, Draft, best_realized, identical_draft
+from planner.search.tables import ScenarioTables
+from planner.search.templates import PipelineTemplate
+
+__all__ = ["check_launcher", "launcher_candidates", "best_for_launcher"]
+
+GRID_DRAFTS = 6
+"""Identical-replica drafts, least rough time first, placed and offered."""
+
+
+def check_launcher(launcher: str) -> None:
+    if launcher not in FORMATS:
+        raise ValueError(f"unknown launcher {launcher!r}; use one of {sorted(FORMATS)}")
+
+
+def launcher_candidates(tables: ScenarioTables, templates: Sequence[PipelineTemplate]
+                        ) -> list[Candidate]:
+    """Identical replicas of each template, placed, best first by the quick estimate."""
+    return best_realized(tables, _grid_drafts(tables, templates), GRID_DRAFTS)
+
+
+def _grid_drafts(tables: ScenarioTables, templates: Sequence[PipelineTemplate]
+                 ) -> Iterator[Draft | None]:
+    """Drafts of the replica sets of least rough time (pipeline time plus the template's
+    own sync estimate), ranked before any draft is built."""
+    batch = tables.scenario.job.global_batch_size
+    sizes = {c.key: c.num_gpus for c in tables.classes}
+    ranked = []
+    for template in templates:
+        most = min(sizes[key] // used for key, used in template.gpus().items())
+        per_pipeline = batch // template.micro_batch
+        if batch % template.micro_batch:
+            continue
+        for count in range(min(most, per_pipeline), 0, -1):
+            m = per_pipeline // count
+            if per_pipeline % count == 0 and (template.max_micro_batches or m) >= m:
+                ranked.append((template.time_s(m) + template.sync_s(count), count, template))
+    ranked.sort(key=lambda r: r[0])
+    for _, count, template in ranked[:GRID_DRAFTS]:
+        yield identical_draft(tables, template, count, "identical pipelines")
+
+
+def best_for_launcher(
+    scenario: Scenario, launcher: str, candidates: Sequence[Candidate], finalists: int
+) -> tuple[Candidate, Evaluation]:
+    """The candidate of least simulated time that the launcher can run. Infeasible, with
+    the best candidate's reasons, when it can run none."""
+    known = format_options(launcher)
+    options = {k: v for k, v in scenario_options(scenario).items() if k in known}
+    runnable: list[Candidate] = []
+    refusal = None
+    for candidate in sorted(candidates, key=lambda c: c.quick_s):
+        reasons = expressible(candidate.plan, launcher, **options)
+        if reasons is None:
+            runnable.append(candidate)
+            if len(runnable) >= finalists:
+                break
+        elif refusal is None:
+            refusal = reasons
+    best: tuple[Candidate, Evaluation] | None = None
+    for candidate in runnable:
+        judged = evaluate(scenario, candidate.plan)
+        if judged.valid and judged.iteration_s is not None and (
+                best is None or judged.iteration_s < (best[1].iteration_s or float("inf"))):
+            best = (candidate, judged)
+    if best is None:
+        raise Infeasible(f"no plan found that {launcher} can run; the best plan's refusal: "
+                         f"{refusal or 'no valid plan'}")
+    candidate, judged = best
+    return (Candidate.of(candidate.plan, quick_s=judged.iteration_s or candidate.quick_s,
+                         origin=f"{candidate.origin}, restricted to what {launcher} runs"),
+            judged)

@@ -1,0 +1,165 @@
+"""Searches in child processes: killed at their hard deadline or on cancel, their errors
+answered as in the server, a dead child answered 503."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+import planner
+from api.errors import SearchCrashed, error_body, error_status
+from api.solving import ProcessSolver, deadline_s
+from planner.errors import InvalidScenario, Problem, SolverTimeout
+from tests.api.conftest import DATA, MakeClient
+
+OPTIONS = planner.SearchOptions(time_limit_s=0.2)
+
+
+@pytest.fixture(scope="module")
+def scenario() -> planner.Scenario:
+    return planner.parse_scenario(json.loads((DATA / "scenario.json").read_text()))
+
+
+def runs_forever(scenario: planner.Scenario, options: planner.SearchOptions) -> Any:
+    while True:  # ignores its time limit, as exact mode once did
+        time.sleep(0.01)
+
+
+def refuses_the_scenario(scenario: planner.Scenario, options: planner.SearchOptions) -> Any:
+    raise InvalidScenario([Problem(path="job.global_batch_size", message="too small",
+                                   value=3)])
+
+
+def dies(scenario: planner.Scenario, options: planner.SearchOptions) -> Any:
+    os._exit(9)
+
+
+def pid_of_search(scenario: planner.Scenario, options: planner.SearchOptions) -> Any:
+    return os.getpid()
+
+
+def pid_or_hang(scenario: planner.Scenario, options: planner.SearchOptions) -> Any:
+    if options.time_limit_s < 1:
+        runs_forever(scenario, options)
+    return os.getpid()
+
+
+def test_an_idle_search_process_is_reused(scenario: planner.Scenario) -> None:
+    solver = ProcessSolver(pid_of_search)  # type: ignore[arg-type]
+    first = solver(scenario, OPTIONS, None)
+    assert solver(scenario, OPTIONS, None) == first != os.getpid()
+    solver.close()
+
+
+def test_a_search_process_that_overran_is_not_reused(scenario: planner.Scenario) -> None:
+    solver = ProcessSolver(pid_or_hang)  # type: ignore[arg-type]
+    first = solver(scenario, planner.SearchOptions(time_limit_s=5), None)
+    with pytest.raises(SolverTimeout):
+        solver(scenario, OPTIONS, None)
+    assert solver(scenario, planner.SearchOptions(time_limit_s=5), None) != first
+    solver.close()
+
+
+def needs_four_gib(scenario: planner.Scenario, options: planner.SearchOptions) -> Any:
+    return len(bytearray(4 * 2**30))
+
+
+def test_search_past_its_memory_bound_is_422_naming_the_bound(
+        scenario: planner.Scenario) -> None:
+    solver = ProcessSolver(needs_four_gib, max_memory_bytes=2**31)
+    with pytest.raises(Exception) as raised:
+        solver(scenario, OPTIONS, None)
+    assert error_status(raised.value) == 422
+    body = error_body(raised.value)
+    assert body["error"] == "search_memory_exceeded"
+    assert "2147483648 bytes" in body["message"]
+    assert "HETPLAN_MAX_SEARCH_MEMORY_BYTES" in body["message"]
+    solver.close()
+
+
+def test_hard_deadline_is_half_the_time_limit_again_plus_two_seconds() -> None:
+    assert deadline_s(10.0) == 17.0
+
+
+def test_search_past_its_hard_deadline_is_killed_and_answered_as_solver_timeout(
+        scenario: planner.Scenario) -> None:
+    started = time.monotonic()
+    with pytest.raises(SolverTimeout, match="hard deadline of 2.3 s"):
+        ProcessSolver(runs_forever)(scenario, OPTIONS, None)
+    assert 2.3 <= time.monotonic() - started < 4.0
+
+
+def test_cancel_through_the_progress_callback_kills_the_search(
+        scenario: planner.Scenario) -> None:
+    class Cancelled(Exception):
+        pass
+
+    calls: list[float] = []
+
+    def progress(fraction: float, message: str) -> None:
+        calls.append(fraction)
+        raise Cancelled
+
+    started = time.monotonic()
+    with pytest.raises(Cancelled):
+        ProcessSolver(runs_forever)(scenario, planner.SearchOptions(time_limit_s=60), progress)
+    assert time.monotonic() - started < 1.5
+    assert len(calls) == 1
+
+
+def test_error_of_the_search_is_answered_as_the_server_would(
+        scenario: planner.Scenario) -> None:
+    expected = InvalidScenario([Problem(path="job.global_batch_size", message="too small",
+                                        value=3)])
+    with pytest.raises(Exception) as raised:
+        ProcessSolver(refuses_the_scenario)(scenario, OPTIONS, None)
+    assert error_status(raised.value) == error_status(expected) == 422
+    assert error_body(raised.value) == error_body(expected)
+
+
+def test_search_process_that_dies_is_answered_503_search_crashed(
+        scenario: planner.Scenario) -> None:
+    with pytest.raises(SearchCrashed) as raised:
+        ProcessSolver(dies)(scenario, OPTIONS, None)
+    assert error_status(raised.value) == 503
+    assert raised.value.retry_after_s == 5
+
+
+def test_search_in_a_child_process_answers_a_plan(scenario: planner.Scenario) -> None:
+    result = ProcessSolver()(scenario, planner.SearchOptions(time_limit_s=2), None)
+    assert planner.evaluate(scenario, result.plan).valid
+
+
+def test_cancelled_job_whose_search_ignores_cancel_is_stopped(make_client: MakeClient) -> None:
+    client = make_client(solver=ProcessSolver(runs_forever))
+    document = json.loads((DATA / "scenario.json").read_text())
+    job = client.post("/v1/plans?job=true", json={"scenario": document,
+                                                  "options": {"time_limit_s": 60}}).json()
+    assert wait_status(client, job["id"], {"running"}) == "running"
+    client.post(f"/v1/jobs/{job['id']}/cancel")
+    assert wait_status(client, job["id"], {"cancelled"}) == "cancelled"
+
+
+def test_inline_search_past_its_hard_deadline_is_422_solver_timeout(
+        make_client: MakeClient) -> None:
+    client = make_client(solver=ProcessSolver(runs_forever))
+    document = json.loads((DATA / "scenario.json").read_text())
+    response = client.post("/v1/plans", json={"scenario": document,
+                                              "options": {"time_limit_s": 0.2}})
+    assert response.status_code == 422
+    assert response.json()["error"] == "solver_timeout"
+
+
+def wait_status(client: TestClient, job_id: str, wanted: set[str]) -> str:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        status = client.get(f"/v1/jobs/{job_id}").json()["status"]
+        if status in wanted:
+            return str(status)
+        time.sleep(0.05)
+    return str(status)
