@@ -236,7 +236,7 @@ def _shortfall(outcome: FleetOutcome, options: ObjectiveOptions) -> float:
     over = 0.0
     if options.max_usd_per_hour is not None and evaluation.usd_per_hour is not None:
         over += max(0.0, evaluation.usd_per_hour / max(options.max_usd_per_hour, 1e-12) - 1.0)
-    if options.min_samples_per_s is not None and evaluation.samples_per_s is not None:
+    if options.min_samples_per_s and evaluation.samples_per_s is not None:
         over += max(0.0, 1.0 - evaluation.samples_per_s / options.min_samples_per_s)
     return over
 
@@ -257,8 +257,10 @@ def choose(outcomes: Sequence[FleetOutcome], options: ObjectiveOptions) -> Fleet
         None if options.min_samples_per_s is None
         else f"reaches {options.min_samples_per_s:g} samples/s") if part)
     if not priced:
-        raise BudgetNotMet(f"none of {len(outcomes)} fleets planned has a priced plan, so "
-                           f"none {asked}", None)
+        first = next((o for o in outcomes if o.error is not None), None)
+        raise BudgetNotMet(f"none of the {len(outcomes)} fleets tried has a priced plan"
+                           + ("" if first is None else f" (first, {first.label}: {first.error})"),
+                           None)
     closest = min(priced, key=lambda o: _shortfall(o, options))
     raise BudgetNotMet(
         f"no plan over {len(outcomes)} fleets (subsets of the GPU types and partial fleets) "

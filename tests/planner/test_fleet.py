@@ -202,3 +202,19 @@ def test_a_fleet_the_search_refuses_is_an_outcome_and_the_frontier_goes_on() -> 
     assert list(refused) == ["S 1/1 nodes"] and "Infeasible" in refused["S 1/1 nodes"]
     assert [(p.samples_per_s, p.usd_per_hour) for p in fleet.frontier(outcomes)] == [
         (pytest.approx(F_ALONE), 4.0)]
+
+
+def test_cost_objective_when_no_fleet_can_be_planned_names_the_first_refusal() -> None:
+    document = priced()
+    for gpu_type in ("F", "S"):
+        document["gpu_types"][gpu_type]["memory_gib"] = 1  # below the 2 GiB reserve
+    with pytest.raises(BudgetNotMet, match=r"none of the 3 fleets tried has a priced plan "
+                       r"\(first, F 1/1 nodes, S 1/1 nodes: Infeasible"):
+        fleet.plan_with_objective(planner.parse_scenario(document),
+                                  objective(objective=Objective.COST))
+
+
+def test_a_zero_floor_is_met_by_every_plan() -> None:
+    result = fleet.plan_with_objective(scenario(), objective(objective=Objective.COST,
+                                                             min_samples_per_s=0))
+    assert result.evaluation.usd_per_hour == 1.0
