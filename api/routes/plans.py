@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
+from starlette.convertors import Convertor, register_url_convertor
 
 from api import schemas
 from api.admission import InlineSolves
@@ -34,6 +35,21 @@ evaluate_router = APIRouter(prefix="/v1/evaluate", tags=["plans"],
                             responses=ErrorResponses.common, route_class=CheckedRoute)
 
 PlanId = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[0-9a-f]+$")]
+
+
+class _HexId(Convertor[str]):
+    """Plan ids in paths: hex only, so that `/v1/plans/pareto` is not read as a plan id."""
+
+    regex = "[0-9a-f]+"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("hexid", _HexId())
 
 
 @router.post(
@@ -88,7 +104,7 @@ def list_plans(store: StoreDep, _: ReadAuth,
     return {"data": [planning.plan_summary(r) for r in records], "count": count}
 
 
-@router.get("/{plan_id}", response_model=schemas.PlanPublic, operation_id="get_plan",
+@router.get("/{plan_id:hexid}", response_model=schemas.PlanPublic, operation_id="get_plan",
             responses=ErrorResponses.not_found, summary="A stored plan")
 async def get(plan_id: PlanId, store: StoreDep, cache: PlanCacheDep, _: ReadAuth) -> Response:
     """Stored plans never change, so their encoded answer is cached per process; a cached
