@@ -7,6 +7,7 @@ import logging
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
+from importlib.metadata import version
 from typing import Any
 
 import sqlalchemy as sa
@@ -22,6 +23,8 @@ from api.jobs import JobRunner
 from api.limits import BodyLimitMiddleware
 from api.metrics import Metrics, MetricsMiddleware
 from api.routes import ROUTERS, health
+from api.routes.docs import install_offline_docs
+from api.routes.ui import install_plan_viewer
 from api.services.planning import Solver
 from api.settings import Settings
 from api.solving import ProcessSolver, start_search_server
@@ -29,7 +32,8 @@ from api.storage import Store, make_engine, migrate
 
 __all__ = ["create_app", "create_app_from_env", "API_VERSION"]
 
-API_VERSION = "1.0.0"
+API_VERSION = version("hetplan")
+"""The OpenAPI document's version: the package's, so a client can tell what it talks to."""
 
 log = logging.getLogger("hetplan.api")
 
@@ -38,7 +42,8 @@ Plans for training large models on heterogeneous GPU clusters.
 
 Profilers upload measurements (`/v1/profiles`, `/v1/links`); operators register GPU types,
 models and clusters; schedulers ask for plans (`POST /v1/plans`) and poll jobs for long
-searches. Documents follow COST_MODEL.md (`hetplan-scenario/1`, `hetplan-plan/1`).
+searches. Documents follow docs/formats.md (`hetplan-scenario/1`, `hetplan-plan/1`; JSON
+Schemas at `/v1/schemas/scenario` and `/v1/schemas/plan`).
 Every error answers `{"error", "message", "problems"}` with what to change.
 """
 
@@ -83,7 +88,7 @@ def create_app(settings: Settings | None = None, *, solver: Solver | None = None
             engine.dispose()
 
     app = FastAPI(title="hetplan", version=API_VERSION, description=DESCRIPTION,
-                  lifespan=lifespan)
+                  lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.settings = settings
     app.state.store = store
     app.state.metrics = metrics
@@ -93,6 +98,8 @@ def create_app(settings: Settings | None = None, *, solver: Solver | None = None
     app.state.inline_solves = InlineSolves(settings.max_inline_solves)
     app.openapi = openapi_as_configured(app, settings)  # type: ignore[method-assign]
     install_error_handlers(app)
+    install_offline_docs(app)
+    install_plan_viewer(app)
     app.include_router(health.router)
     for router in ROUTERS:
         app.include_router(router)

@@ -131,7 +131,7 @@ def openapi_as_configured(app: FastAPI, settings: Settings) -> Callable[[], dict
             if not isinstance(route, APIRoute):
                 continue
             needs = _needs_token(required_scope(route.dependant), settings)
-            for method in route.methods:
+            for method in route.methods or ():
                 operation = schema["paths"].get(route.path_format, {}).get(method.lower())
                 if operation is not None and not needs:
                     operation.pop("security", None)

@@ -161,8 +161,12 @@ class HetplanClient:
     def get_plan(self, plan_id: str) -> dict[str, Any]:
         return self._get(f"/v1/plans/{plan_id}")
 
+    def get_plan_scenario(self, plan_id: str) -> dict[str, Any]:
+        """The scenario document a stored plan was computed for."""
+        return self._get(f"/v1/plans/{plan_id}/scenario")
+
     def evaluate(self, scenario: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
-        """COST_MODEL.md's numbers for `plan` on `scenario` (`valid`, `errors`, ...)."""
+        """The cost model's numbers (docs/formats.md) for `plan` on `scenario` (`valid`, `errors`, ...)."""
         return self._send("POST", "/v1/evaluate",
                           json={"scenario": scenario, "plan": plan}).json()
 

@@ -2,6 +2,7 @@
 
     ApiError                     raised by the service's own layers (routes, storage, jobs)
     ├── NotFound                 404  an id or name in the URL is not stored
+    ├── Conflict                 409  the request does not fit the resource's state
     ├── InvalidRequest           422  a body names something unknown or contradicts itself
     │   ├── IdempotencyKeyReused 422  same Idempotency-Key, different body
     │   ├── ScenarioTooLarge     422  more layers or GPUs than the server plans
@@ -49,6 +50,7 @@ from planner.errors import (
 __all__ = [
     "ApiError",
     "NotFound",
+    "Conflict",
     "InvalidRequest",
     "IdempotencyKeyReused",
     "ScenarioTooLarge",
@@ -92,6 +94,11 @@ class NotFound(ApiError):
     code = "not_found"
 
 
+class Conflict(ApiError):
+    status = 409
+    code = "conflict"
+
+
 class InvalidRequest(ApiError):
     status = 422
     code = "invalid_request"
@@ -124,9 +131,9 @@ class BodyTooLarge(ApiError):
     code = "body_too_large"
 
 
-class Conflict(ApiError):
-    status = 409
-    code = "conflict"
+class UploadCollision(Conflict):
+    """Concurrent writers of one key kept colliding: retrying later succeeds."""
+
     retry_after_s = 1
 
 
@@ -259,8 +266,17 @@ def error_headers(error: Exception) -> dict[str, str]:
     return {}
 
 
+def _with_a_problem(body: dict[str, Any], status: int, request: Request) -> dict[str, Any]:
+    """A client error always lists at least one problem: without a field to blame, the
+    request's path and what is wrong with it."""
+    if status < 500 and not body["problems"]:
+        body["problems"] = [{"path": request.url.path, "message": body["message"]}]
+    return body
+
+
 async def _on_api_error(request: Request, error: Exception) -> JSONResponse:
-    return JSONResponse(error_body(error), status_code=error_status(error),
+    status = error_status(error)
+    return JSONResponse(_with_a_problem(error_body(error), status, request), status_code=status,
                         headers=error_headers(error))
 
 
@@ -292,7 +308,8 @@ async def _on_http_error(request: Request, error: Exception) -> JSONResponse:
     headers = dict(error.headers or {})
     if error.status_code == 405:
         headers["Allow"] = _allowed_methods(request)
-    return JSONResponse(body, status_code=error.status_code, headers=headers)
+    return JSONResponse(_with_a_problem(body, error.status_code, request),
+                        status_code=error.status_code, headers=headers)
 
 
 async def _on_storage_error(request: Request, error: Exception) -> JSONResponse:
@@ -319,11 +336,13 @@ def _documented(*statuses: int) -> dict[int | str, dict[str, Any]]:
     from api.schemas import ErrorPublic
 
     text = {401: "No or unknown bearer token.", 403: "The token lacks the scope.",
-            404: "Not stored.", 413: "Body above the server's limit.",
+            404: "Not stored.",
+            413: "Body above the server's limit.",
             422: "Malformed, out-of-range or unknown input; `problems` lists paths.",
             503: "Overloaded, or the database is unreachable; retry after `Retry-After` seconds.",
             400: "The body could not be read as JSON text at all.",
-            409: "Concurrent uploads kept colliding; retry after `Retry-After` seconds."}
+            409: "Not possible in the resource's current state (a job that has ended), or "
+                 "concurrent uploads kept colliding (then retry after `Retry-After` seconds)."}
     return {s: {"model": ErrorPublic, "description": text[s]} for s in statuses}
 
 
@@ -334,3 +353,4 @@ class ErrorResponses:
     write = _documented(400, 413)
     upload = _documented(400, 409, 413)
     not_found = _documented(404)
+    conflict = _documented(409)

@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from datetime import UTC, datetime, timedelta
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from sqlalchemy.exc import OperationalError
 
@@ -223,7 +223,7 @@ class JobRunner:
 
     def _run(self, job_id: str, assembled: Assembled, options: planner.SearchOptions,
              cancelled: threading.Event) -> None:
-        def status(**changes: object) -> None:
+        def status(**changes: Any) -> None:
             _through_blips(lambda: self.store.update_job(job_id, **changes))
 
         try:

@@ -8,6 +8,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.errors import BodyTooLarge, error_body
+from planner.errors import Problem
 
 __all__ = ["BodyLimitMiddleware"]
 
@@ -57,7 +58,9 @@ class BodyLimitMiddleware:
     async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
         error = BodyTooLarge(f"the request body is larger than this server's limit of "
                              f"{self.max_bytes} bytes (HETPLAN_MAX_BODY_BYTES); split the "
-                             "upload into smaller batches")
+                             "upload into smaller batches",
+                             problems=[Problem(path="(body)", message="larger than "
+                                               f"{self.max_bytes} bytes")])
         response: Any = JSONResponse(error_body(error), status_code=413,
                                      headers={"Connection": "close"})
         await response(scope, receive, send)

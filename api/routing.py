@@ -17,7 +17,7 @@ import email.message
 import json
 import math
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from fastapi import Request, Response
@@ -94,7 +94,7 @@ class CheckedRoute(APIRoute):
     """An `APIRoute` that authorizes, then checks the body whole, then runs FastAPI's
     usual handler (which validates the body against its model)."""
 
-    def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
         needed = required_scope(self.dependant)
         has_body = self.body_field is not None

@@ -72,9 +72,6 @@ class GpuTypeCreate(_In):
     reserved_gib: float | None = Field(default=None, ge=0, le=MAX_GIB,
                                        description="Overrides job.reserved_gib for this type.")
 
-    model_config = ConfigDict(json_schema_extra={"examples": [
-        {"name": "A100-80G", "memory_gib": 80, "peak_tflops": 312, "hourly_usd": 1.8}]})
-
 
 class _Versioned(_Out):
     id: int
@@ -101,12 +98,6 @@ class ModelCreate(_In):
     layers: list[Name] = Field(min_length=1, max_length=100_000,
                                description="Layer kinds in order; indices are positions.")
     kinds: dict[Name, LayerKindIn] = Field(min_length=1, max_length=1000)
-
-    model_config = ConfigDict(json_schema_extra={"examples": [{
-        "name": "gpt-tiny", "seq_len": 2048, "layers": ["embedding", "block", "block", "head"],
-        "kinds": {"embedding": {"params": 103022592, "output_bytes_per_sample": 8388608},
-                  "block": {"params": 50343936, "output_bytes_per_sample": 8388608},
-                  "head": {"params": 4096, "output_bytes_per_sample": 0}}}]})
 
     @model_validator(mode="after")
     def _layers_name_known_kinds(self) -> ModelCreate:
@@ -151,11 +142,6 @@ class ClusterCreate(_In):
     inter_node: LinkValue | None = None
     inter_zone: list[ZoneLinkValue] | None = None
 
-    model_config = ConfigDict(json_schema_extra={"examples": [{
-        "name": "lab", "nodes": [
-            {"name": "a0", "gpu_type": "A100-80G", "gpus": 8, "zone": "east"},
-            {"name": "v0", "gpu_type": "V100-32G", "gpus": 8, "zone": "east", "nics": 1}]}]})
-
     @model_validator(mode="after")
     def _node_names_unique(self) -> ClusterCreate:
         names = [n.name for n in self.nodes]
@@ -175,7 +161,7 @@ class ClusterPublic(_Versioned):
 # -- profiles ----------------------------------------------------------------------------
 
 class ProfileRowIn(_In):
-    """One measurement (COST_MODEL.md section 1): one layer of `kind`, tensor-parallel
+    """One measurement (docs/formats.md): one layer of `kind`, tensor-parallel
     degree `tp`, micro-batch `micro_batch`, times per micro-batch on each GPU of the group."""
 
     gpu_type: Name | None = Field(default=None, description="If given, must equal the "
@@ -194,12 +180,6 @@ class ProfileCreate(_In):
     rows: list[ProfileRowIn] = Field(min_length=1, max_length=100_000)
     source: dict[str, Any] | None = Field(
         default=None, description="Free-form provenance: profiler, versions, host, date.")
-
-    model_config = ConfigDict(json_schema_extra={"examples": [{
-        "model": "gpt-tiny", "gpu_type": "A100-80G",
-        "rows": [{"kind": "block", "micro_batch": 1, "tp": 1, "forward_ms": 2.1,
-                  "backward_ms": 4.3, "activation_bytes": 301989888}],
-        "source": {"profiler": "hetplan-profile 0.1", "torch": "2.13.0"}}]})
 
     @model_validator(mode="after")
     def _rows_agree(self) -> ProfileCreate:
@@ -306,13 +286,6 @@ class LinkIn(_In):
 class LinksCreate(_In):
     links: list[LinkIn] = Field(min_length=1, max_length=10_000)
 
-    model_config = ConfigDict(json_schema_extra={"examples": [{"links": [
-        {"scope": "intra_node", "gpu_type": "A100-80G", "bandwidth_gb_per_s": 230,
-         "latency_us": 5},
-        {"scope": "inter_node", "bandwidth_gb_per_s": 25, "latency_us": 10},
-        {"scope": "inter_zone", "zones": ["east", "west"], "bandwidth_gb_per_s": 2,
-         "latency_us": 5000}]}]})
-
     @model_validator(mode="after")
     def _one_value_per_link(self) -> LinksCreate:
         seen: set[tuple[Any, ...]] = set()
@@ -353,7 +326,7 @@ class StoredRef(_In):
 
 
 class JobIn(_In):
-    """The `job` section of a scenario (COST_MODEL.md section 1)."""
+    """The `job` section of a scenario (docs/formats.md)."""
 
     global_batch_size: int = Field(ge=1, le=1_000_000)
     schedule: Literal["1f1b", "gpipe", "interleaved-1f1b", "local"] = Field(
@@ -376,7 +349,7 @@ class ScenarioSource(_In):
     the newest (or pinned) profiles of the model on each GPU type of the cluster."""
 
     scenario: dict[str, Any] | None = Field(
-        default=None, description="A whole hetplan-scenario/1 document (COST_MODEL.md).")
+        default=None, description="A whole hetplan-scenario/1 document (docs/formats.md).")
     cluster: Name | StoredRef | ClusterCreate | None = None
     model: Name | StoredRef | ModelCreate | None = None
     job: JobIn | None = None
@@ -406,13 +379,9 @@ class PlanOptions(_In):
 class PlanRequest(ScenarioSource):
     options: PlanOptions = PlanOptions()
 
-    model_config = ConfigDict(json_schema_extra={"examples": [
-        {"cluster": "lab", "model": "gpt-tiny", "job": {"global_batch_size": 512},
-         "options": {"time_limit_s": 5}}]})
-
 
 class EvaluateRequest(ScenarioSource):
-    plan: dict[str, Any] = Field(description="A hetplan-plan/1 document (COST_MODEL.md).")
+    plan: dict[str, Any] = Field(description="A hetplan-plan/1 document (docs/formats.md).")
 
 
 class PlanSummary(_Out):
@@ -428,7 +397,7 @@ class PlanSummary(_Out):
 
 
 class EvaluationPublic(_Out):
-    """The reference estimator's verdict on a plan (COST_MODEL.md); further fields
+    """The reference estimator's verdict on a plan (docs/formats.md); further fields
     (per-pipeline and per-stage numbers, shared interfaces, bounds) come as they are."""
 
     model_config = ConfigDict(frozen=True, extra="allow", json_schema_extra={"examples": [{

@@ -2,24 +2,60 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from launcher.runtime import TrainConfig, WorkerResult, run_worker
 from planner.documents import Plan, dump_document
 from planner.export.ranks import build_rank_map
 from profiles.distributed import spawn
+from profiles.models import get_preset, layer_kinds
 
-__all__ = ["launch_plan"]
+__all__ = ["launch_plan", "check_launchable", "StepReport"]
 
 
-def launch_plan(plan: Plan, config: TrainConfig, *, timeout_s: float = 300.0
-                ) -> list[WorkerResult]:
+@dataclass(frozen=True, kw_only=True)
+class StepReport:
+    """One training step as rank 0 saw it: the loss over the global batch, the slowest
+    rank's wall time."""
+
+    step: int
+    loss: float
+    step_s: float
+
+
+def check_launchable(plan: Plan, config: TrainConfig) -> None:
+    """`ValueError` saying what to change when the workers could not build the plan's
+    stages: an unknown model preset, or a plan that splits another number of layers."""
+    try:
+        spec = get_preset(config.model)
+    except KeyError as error:
+        raise ValueError(str(error).strip("'\"")) from None
+    kinds = layer_kinds(spec)
+    num_layers = build_rank_map(plan).num_layers
+    if num_layers != len(kinds):
+        raise ValueError(f"the plan splits {num_layers} layers but model {spec.name} has "
+                         f"{len(kinds)} (embedding, {spec.num_blocks} blocks, head); choose "
+                         f"the model the plan was made for with --model, or plan for this one")
+
+
+def launch_plan(plan: Plan, config: TrainConfig, *, timeout_s: float = 300.0,
+                on_step: Callable[[StepReport], None] | None = None) -> list[WorkerResult]:
     """Train `plan` for `config.steps` steps in local processes; each rank's result, by rank.
 
     Every GPU of the plan becomes one CPU process, whatever its node: the point is that the
     plan's layout (stages, TP shards, schedule, sync groups) runs and trains correctly, not
-    its speed."""
+    its speed. The plan is checked (`check_launchable`) before any process starts;
+    `on_step` hears of each step as it ends."""
+    check_launchable(plan, config)
     world_size = build_rank_map(plan).world_size
     document: dict[str, Any] = dump_document(plan)
+
+    def forward(line: str) -> None:
+        if on_step is not None:
+            on_step(StepReport(**json.loads(line)))
+
     return spawn(run_worker, world_size=world_size, device="cpu", args=(document, config),
-                 timeout_s=timeout_s)
+                 timeout_s=timeout_s, on_progress=forward)

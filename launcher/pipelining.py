@@ -148,7 +148,8 @@ def run_step(export: dict[str, Any], rank: int, *, model: str, seed: int = 0, lr
     _sync_gradients(export, rank, params, sync_groups)
     with torch.no_grad():
         for param in params.values():
-            param -= lr * param.grad
+            if param.grad is not None:
+                param.sub_(lr * param.grad)
     return {name: param.detach().clone() for name, param in params.items()}
 
 

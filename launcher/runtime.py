@@ -22,6 +22,7 @@ arguments; the rank map tells each which GPU of the plan it plays. Per step:
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -35,7 +36,7 @@ from launcher.optim import Adam, Sgd
 from planner.documents import Schedule, parse_plan
 from planner.export.ranks import RankInfo, RankMap, SyncGroup, build_rank_map
 from planner.simulate import FORWARD, stage_order
-from profiles.distributed import DistContext
+from profiles.distributed import DistContext, report_progress
 from profiles.torch_layers import ModelSpec, build_layer, get_preset, layer_kinds, shard_tensor
 
 __all__ = ["TrainConfig", "WorkerResult", "run_worker", "resolve_schedule"]
@@ -324,6 +325,8 @@ def run_worker(ctx: DistContext, plan_document: dict[str, Any], config: TrainCon
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
         result.losses.append(float(loss))
         result.step_s.append(float(elapsed))
+        report_progress(ctx, json.dumps({"step": step, "loss": float(loss),
+                                         "step_s": float(elapsed)}))
     if config.return_weights:
         result.weights = {
             index: {name: p.detach().clone() for name, p in layer.named_parameters()}

@@ -1,4 +1,4 @@
-"""The compute bound of COST_MODEL.md section 5: no plan can beat it."""
+"""The compute bound of docs/formats.md (Bounds and baselines): no plan can beat it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Cost terms of COST_MODEL.md: links, transfers, stage compute, memory, sync.
+"""Cost terms of docs/formats.md: links, transfers, stage compute, memory, sync.
 
 Pure functions over a `Scenario`; times in seconds, sizes in bytes unless a
 name says otherwise. `ProfileIndex` answers profile lookups in O(1).

@@ -1,4 +1,4 @@
-"""Scenario and plan documents of COST_MODEL.md, versions 1 and 1.1, as typed models.
+"""Scenario and plan documents of docs/formats.md (versions 1 and 1.1), as typed models.
 
 Parsing goes through `parse_scenario` / `parse_plan`, which turn every
 structural and cross-reference problem into one `InvalidScenario` /

@@ -1,4 +1,4 @@
-"""The default estimator: validate a plan and compute COST_MODEL.md's numbers.
+"""The default estimator: validate a plan and compute the numbers of docs/formats.md.
 
 `evaluate(scenario, plan)` reports every violated rule of sections 2 and 6 and,
 when the plan's shape allows it, the numbers of sections 3, 4, 6 and 7:

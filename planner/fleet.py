@@ -1,5 +1,5 @@
 """Fleets and money: sub-fleets of a scenario, the cost/throughput frontier, objectives
-under budgets, and what-if changes to a fleet (COST_MODEL.md section 7).
+under budgets, and what-if changes to a fleet (docs/formats.md, "Cost in US dollars").
 
 The search plans one fleet for throughput. Everything here is built on it without
 changing it: a question about money becomes a set of fleets (subsets of the GPU types,

@@ -1,4 +1,4 @@
-"""What the version 1.1 schedules add to a plan's rules (COST_MODEL.md section 6).
+"""What the version 1.1 schedules add to a plan's rules (docs/formats.md, version 1.1 schedules).
 
 The layout of model chunks (chunk `j` of stage `s` is model chunk `j * S + s`), the
 validity rules that interleaving and local learning bring, and activation memory as the

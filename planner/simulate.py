@@ -1,4 +1,4 @@
-"""Event simulation of one pipeline's schedule (COST_MODEL.md sections 3 and 6).
+"""Event simulation of one pipeline's schedule (docs/formats.md, Schedules: all versions).
 
 Each stage runs its forward and backward operations one at a time in the
 schedule's fixed order; an operation starts when its stage is free and its

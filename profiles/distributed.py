@@ -28,7 +28,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 __all__ = ["DistContext", "spawn", "init_from_env", "backend_for", "device_for",
-           "threads_per_process"]
+           "threads_per_process", "report_progress"]
+
+POLL_S = 0.2
+"""How often `spawn` looks for progress lines while its processes run."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,6 +46,15 @@ class DistContext:
     """Rank within this machine; selects the GPU."""
     device: str
     """`cuda:<local_rank>` on GPU, `cpu` otherwise."""
+    progress_path: str | None = None
+    """Where rank 0's `report_progress` lines go (spawn's `on_progress`); None: nowhere."""
+
+
+def report_progress(ctx: DistContext, line: str) -> None:
+    """Hand one line to the spawner's `on_progress` now (rank 0 only; others are ignored)."""
+    if ctx.rank == 0 and ctx.progress_path is not None:
+        with open(ctx.progress_path, "a") as sink:
+            sink.write(line.replace("\n", " ") + "\n")
 
 
 def backend_for(device: str) -> str:
@@ -74,8 +86,12 @@ def spawn(
     device: str = "cpu",
     args: tuple[Any, ...] = (),
     timeout_s: float = 300.0,
+    on_progress: Callable[[str], None] | None = None,
 ) -> list[Any]:
-    """Run `fn(ctx, *args)` on `world_size` local processes; their results, by rank."""
+    """Run `fn(ctx, *args)` on `world_size` local processes; their results, by rank.
+
+    `on_progress` receives each line rank 0 passes to `report_progress`, while the
+    processes run."""
     if world_size < 1:
         raise ValueError(f"world_size is {world_size}; it must be >= 1")
     if device.startswith("cuda") and torch.cuda.device_count() < world_size:
@@ -84,19 +100,43 @@ def spawn(
             f"{torch.cuda.device_count()}; lower the TP degree or use more GPUs"
         )
     with tempfile.TemporaryDirectory(prefix="hetplan-dist-") as tmp:
+        progress = _ProgressFile(Path(tmp, "progress"), on_progress)
         try:
-            mp.spawn(
+            processes = mp.spawn(
                 _worker,
                 args=(world_size, device, tmp, timeout_s, fn, args),
                 nprocs=world_size,
-                join=True,
+                join=False,
             )
+            assert processes is not None  # join=False always returns the processes
+            while not processes.join(timeout=POLL_S):
+                progress.forward_new_lines()
+            progress.forward_new_lines()
         except mp.ProcessRaisedException as error:
             # The child's traceback is in the message; its last line says what went wrong.
             last = str(error).strip().splitlines()[-1]
             raise RuntimeError(f"a worker of {world_size} failed: {last}") from error
         return [pickle.loads(Path(tmp, f"result-{r}.pkl").read_bytes()) for r in range(world_size)]
 
+
+class _ProgressFile:
+    """The lines rank 0 appended to `path` that `on_progress` has not seen yet."""
+
+    def __init__(self, path: Path, on_progress: Callable[[str], None] | None) -> None:
+        self.path = path
+        self.on_progress = on_progress
+        self.offset = 0
+
+    def forward_new_lines(self) -> None:
+        if self.on_progress is None or not self.path.exists():
+            return
+        with self.path.open("rb") as source:
+            source.seek(self.offset)
+            data = source.read()
+        complete = data[: data.rfind(b"\n") + 1]  # a line being written waits for the next poll
+        self.offset += len(complete)
+        for line in complete.decode().splitlines():
+            self.on_progress(line)
 
 def _worker(
     rank: int,
@@ -121,7 +161,8 @@ def _worker(
     )
     try:
         ctx = DistContext(rank=rank, world_size=world_size, local_rank=rank,
-                          device=device_for(device, rank))
+                          device=device_for(device, rank),
+                          progress_path=str(Path(folder, "progress")))
         result = fn(ctx, *args)
         Path(folder, f"result-{rank}.pkl").write_bytes(pickle.dumps(result))
     finally:

@@ -171,7 +171,7 @@ def estimate_row(
     spec: ModelSpec, gpu: GpuSpec, kind: str, micro_batch: int, tp: int,
     eff: EfficiencyModel = DEFAULT_EFFICIENCY,
 ) -> dict[str, Any]:
-    """One COST_MODEL.md profile row, labelled estimated, with what it rests on."""
+    """One docs/formats.md profile row, labelled estimated, with what it rests on."""
     forward, backward = estimate_times_ms(spec, gpu, kind, micro_batch, tp, eff)
     d = DTYPE_BYTES[gpu.compute_dtype]
     return {

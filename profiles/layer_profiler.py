@@ -23,7 +23,7 @@ the frequent short waits a step pays.
 `activation_bytes` is what autograd keeps for backward: a saved-tensors hook
 sees every tensor an operation stores, and the distinct storages among them
 that are not parameters are summed. That is the per-micro-batch memory that
-COST_MODEL.md section 4 multiplies by the number of micro-batches in flight.
+docs/formats.md's memory model multiplies by the number of micro-batches in flight.
 
 TP points (tp > 1) run in `tp` processes, one per GPU (NCCL) or CPU process
 (gloo), each holding its Megatron shard; a barrier starts every repeat on all
@@ -143,7 +143,7 @@ class LayerProfile:
     skipped: list[SkippedPoint] = field(default_factory=list)
 
     def rows(self, gpu_type: str) -> list[dict[str, Any]]:
-        """COST_MODEL.md profile rows, labelled `measured` on `device_name`."""
+        """docs/formats.md profile rows, labelled `measured` on `device_name`."""
         return [
             point_row(p, gpu_type=gpu_type, device_name=self.device_name, model=self.spec.name,
                       dtype=self.options.dtype_name, noise_threshold=self.options.noise_threshold,

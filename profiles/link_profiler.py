@@ -13,7 +13,7 @@ under `torchrun` across machines). For each message size:
 A link row for the service takes its bandwidth from the largest message's
 point-to-point bandwidth and its latency from the fastest one-way time among
 small messages (up to 4 KiB, where bytes / bandwidth is negligible): the two
-ends of COST_MODEL.md's `latency + bytes / bandwidth`. The minimum over small
+ends of docs/formats.md's `latency + bytes / bandwidth`. The minimum over small
 sizes, not the smallest size alone, because one size's median can still
 catch a descheduled process on a busy host.
 Timing uses CUDA events on GPU, `perf_counter` on CPU, after a barrier.

@@ -1,4 +1,4 @@
-"""Profile rows as COST_MODEL.md defines them, and the statistics behind them; no torch.
+"""Profile rows as docs/formats.md defines them, and the statistics behind them; no torch.
 
 A measured point becomes one row of the scenario's `profiles` list, with
 hetplan's extensions under `x_` names (the documents keep unknown fields):
@@ -132,7 +132,7 @@ def point_row(
     noise_threshold: float,
     timer: str,
 ) -> dict[str, Any]:
-    """The COST_MODEL.md profile row of a measured point, with its `x_` fields."""
+    """The docs/formats.md profile row of a measured point, with its `x_` fields."""
     if point.forward.median_ms <= 0 or point.backward.median_ms <= 0:
         # A zero time means the clock could not resolve the operation; a row
         # claiming free compute would mislead the planner.

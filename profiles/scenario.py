@@ -1,4 +1,4 @@
-"""Assemble a full scenario document (COST_MODEL.md section 1) from parts; no torch.
+"""Assemble a full scenario document (docs/formats.md) from parts; no torch.
 
 Inputs: a cluster description (the nodes, optionally links and GPU-type
 overrides), a model preset, the bundled reference rows, and optionally
@@ -85,6 +85,10 @@ def _normalise_cluster(cluster: Any) -> dict[str, Any]:
                    or k not in node]
         if missing:
             raise ClusterError(f"nodes[{i}] lacks {missing}; each node needs name, gpu_type, gpus")
+        gpus = node["gpus"]
+        if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+            raise ClusterError(f"nodes[{i}] ({node['name']!r}) has gpus: {gpus!r}; a node needs a "
+                               "whole number of GPUs, at least 1: fix it or leave the node out")
     return cluster
 
 

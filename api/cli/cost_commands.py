@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from api.cli.output import fail, load_document, stderr_console
+
 if TYPE_CHECKING:
     from planner.fleet import FleetOutcome, FleetVariant, WhatIfRow
 
@@ -37,24 +39,17 @@ def register(app: typer.Typer) -> None:
 
 def _scenario(path: Path) -> Any:
     import planner
-    from api.cli.plan_commands import load_document
 
     return planner.parse_scenario(load_document(path))
-
-
-def _fail(error: Exception) -> typer.Exit:
-    typer.echo(f"error: {error}", err=True)
-    return typer.Exit(code=2)
 
 
 @contextmanager
 def _progress(what: str) -> Iterator[Callable[[float, str], None]]:
     """A rich progress bar on stderr, driven by the planner's (fraction, message) reports."""
-    from rich.console import Console
     from rich.progress import BarColumn, Progress, TaskProgressColumn, TimeElapsedColumn
 
     columns = ("{task.description}", BarColumn(), TaskProgressColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+    with Progress(*columns, console=stderr_console(), transient=True) as bar:
         task = bar.add_task(what, total=1.0)
         yield lambda fraction, message: bar.update(task, completed=fraction,
                                                    description=message[:60])
@@ -81,7 +76,7 @@ def pareto(
             outcomes = fleet.plan_fleets(fleets, planner.SearchOptions(time_limit_s=time_limit_s),
                                          mapper=mapper, progress=report)
     except (planner.PlannerError, RayUnavailable) as error:
-        raise _fail(error) from None
+        raise fail(str(error)) from None
     points = fleet.frontier(outcomes)
     if as_json:
         typer.echo(json.dumps({"frontier": [frontier_point(p) for p in points]}, indent=1))
@@ -123,7 +118,7 @@ def parse_added(text: str) -> dict[str, Any]:
     """`H100-80G:8x8` (8 nodes of 8 GPUs) or `H100-80G:8` (GPUs as the type's nodes)."""
     found = ADDED.match(text)
     if found is None:
-        raise typer.BadParameter(f"--add {text!r}: expected TYPE:NODES or TYPE:NODESxGPUS, "
+        raise fail(f"--add {text!r}: expected TYPE:NODES or TYPE:NODESxGPUS, "
                                  "e.g. H100-80G:8x8")
     gpus = found["gpus"]
     return {"gpu_type": found["type"], "nodes": int(found["nodes"]),
@@ -134,14 +129,13 @@ def parse_removed(text: str) -> dict[str, Any]:
     """`V100-32G:2`: two nodes of that type fewer."""
     found = REMOVED.match(text)
     if found is None:
-        raise typer.BadParameter(f"--remove {text!r}: expected TYPE:NODES, e.g. V100-32G:2")
+        raise fail(f"--remove {text!r}: expected TYPE:NODES, e.g. V100-32G:2")
     return {"gpu_type": found["type"], "nodes": int(found["nodes"])}
 
 
 def _variants(add: list[str], remove: list[str], remove_type: list[str],
               inter_node_gb_per_s: float | None, sweep: Path | None) -> list[FleetVariant]:
     """The flags' variant (if any flag is given), then the sweep file's."""
-    from api.cli.plan_commands import load_document
     from planner.fleet import FleetVariant
 
     variants: list[dict[str, Any]] = []
@@ -155,18 +149,18 @@ def _variants(add: list[str], remove: list[str], remove_type: list[str],
         document = load_document(sweep)
         listed = document.get("variants") if isinstance(document, dict) else document
         if not isinstance(listed, list):
-            raise typer.BadParameter(f"{sweep}: expected a list of variants or "
+            raise fail(f"{sweep}: expected a list of variants or "
                                      "{\"variants\": [...]}")
         variants += listed
     if not variants:
-        raise typer.BadParameter("give a change (--add, --remove, --remove-type, "
+        raise fail("give a change (--add, --remove, --remove-type, "
                                  "--inter-node-gb-per-s) or --sweep FILE")
     from pydantic import ValidationError
 
     try:
         return [FleetVariant.model_validate(v) for v in variants]
     except ValidationError as error:
-        raise typer.BadParameter(f"bad variant: {error}") from None
+        raise fail(f"bad variant: {error}") from None
 
 
 def whatif(
@@ -200,7 +194,7 @@ def whatif(
                                  planner.SearchOptions(time_limit_s=time_limit_s),
                                  mapper=mapper, progress=report)
     except (planner.PlannerError, RayUnavailable) as error:
-        raise _fail(error) from None
+        raise fail(str(error)) from None
     if as_json:
         typer.echo(json.dumps({"rows": [whatif_row(r) for r in rows]}, indent=1))
         return

@@ -1,24 +1,25 @@
 """`hetplan rankmap`, `hetplan export` and `hetplan launch`: from a plan to running processes.
 
-torch is imported inside `launch` only, so the rest of the CLI (and `hetplan --help`)
-works without it.
+The planner is imported when a command runs and torch inside `launch` only, so the rest
+of the CLI (and `hetplan --help`) starts fast and works without torch.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-import yaml
 
-from planner import PlannerError, UnsupportedExport, parse_plan
-from planner.documents import Plan, Schedule, parse_scenario
-from planner.export import export_with_scenario, parse_gpu_names, rank_map
-from planner.export.formats import DEFAULT_MASTER_PORT
+from api.cli.output import fail, load_document, write_json
+
+if TYPE_CHECKING:
+    from planner.documents import Plan
+
+DEFAULT_MASTER_PORT = 29500
+"""torchrun's default rendezvous port (planner.export.formats uses the same; a test pins it)."""
 
 
 class ExportFormat(StrEnum):
@@ -36,45 +37,37 @@ class OptimizerName(StrEnum):
     ADAM = "adam"
 
 
-PlanPath = Annotated[Path, typer.Argument(help="Plan document (JSON or YAML).", exists=True,
-                                          dir_okay=False)]
-
-
-def _read_document(path: Path) -> Any:
-    text = path.read_text()
-    return yaml.safe_load(text) if path.suffix in (".yaml", ".yml") else json.loads(text)
+PlanPath = Annotated[Path, typer.Argument(metavar="PLAN", help="Plan document (JSON or YAML).",
+                                          exists=True, dir_okay=False)]
+Output = Annotated[Path | None, typer.Option("-o", "--output",
+                                             help="Write the JSON here, not stdout.")]
 
 
 def _load_plan(path: Path) -> Plan:
+    from planner import PlannerError, parse_plan
+
     try:
-        return parse_plan(_read_document(path))
-    except (json.JSONDecodeError, yaml.YAMLError) as error:
-        typer.echo(f"{path}: not a JSON or YAML document ({error})", err=True)
-        raise typer.Exit(2) from None
+        return parse_plan(load_document(path))
     except PlannerError as error:
-        typer.echo(str(error), err=True)
-        raise typer.Exit(2) from None
+        raise fail(str(error)) from None
 
 
 def _emit(document: dict[str, Any], output: Path | None) -> None:
-    text = json.dumps(document, indent=2) + "\n"
-    if output is None:
-        sys.stdout.write(text)
-    else:
-        output.write_text(text)
+    write_json(document, output, indent=2)
 
 
-def rankmap_command(
-    plan: PlanPath,
-    output: Annotated[Path | None, typer.Option(help="Write the JSON here, not stdout.")] = None,
-) -> None:
-    """Global rank, node, local rank, pipeline, stage and TP rank of every GPU of PLAN, and
-    the process groups: TP groups, stage links, per-layer gradient-sync groups."""
+def rankmap_command(plan: PlanPath, output: Output = None) -> None:
+    """Print the rank map of PLAN: where every GPU's process sits.
+
+    Global rank, node, local rank, pipeline, stage and TP rank of every GPU, and the
+    process groups: TP groups, stage links, per-layer gradient-sync groups."""
+    from planner import PlannerError
+    from planner.export import rank_map
+
     try:
         _emit(rank_map(_load_plan(plan)), output)
     except PlannerError as error:
-        typer.echo(str(error), err=True)
-        raise typer.Exit(2) from None
+        raise fail(str(error)) from None
 
 
 def _given(**options: Any) -> dict[str, Any]:
@@ -112,25 +105,29 @@ def export_command(
         help="kubernetes, slurm: what the cluster calls a GPU type, TYPE=NAME (the "
              "nvidia.com/gpu.product label, or the Slurm node feature); repeat per type.")
     ] = None,
-    output: Annotated[Path | None, typer.Option(help="Write the JSON here, not stdout.")] = None,
+    output: Output = None,
 ) -> None:
-    """PLAN written for a launcher: torchrun commands, torch.distributed.pipelining stages,
-    Megatron-LM arguments, DeepSpeed or torchtitan settings, a Kubernetes JobSet or a Slurm
-    batch script. Exit code 3 with the reasons when the format cannot express the plan."""
+    """Write PLAN as a launcher's configuration.
+
+    torchrun commands, torch.distributed.pipelining stages, Megatron-LM arguments,
+    DeepSpeed or torchtitan settings, a Kubernetes JobSet or a Slurm batch script. Exit
+    code 3 with the reasons when the format cannot express the plan."""
+    from planner import PlannerError, UnsupportedExport
+    from planner.documents import parse_scenario
+    from planner.export import export_with_scenario, parse_gpu_names
+
     loaded = _load_plan(plan)
     try:
         options = _given(master_addr=master_addr, master_port=master_port,
                          training_module=training_module, plan_path=plan_path,
                          script_args=script_arg, zero_stage=zero_stage, name=name, image=image,
                          gpu_names=None if gpu_name is None else parse_gpu_names(gpu_name))
-        parsed = None if scenario is None else parse_scenario(_read_document(scenario))
+        parsed = None if scenario is None else parse_scenario(load_document(scenario))
         _emit(export_with_scenario(loaded, fmt.value, parsed, options), output)
     except UnsupportedExport as error:
-        typer.echo(str(error), err=True)
-        raise typer.Exit(3) from None
+        raise fail(" ".join(str(error).split()), code=3) from None
     except (PlannerError, ValueError) as error:
-        typer.echo(str(error), err=True)
-        raise typer.Exit(2) from None
+        raise fail(str(error)) from None
 
 
 def launch_command(
@@ -141,8 +138,8 @@ def launch_command(
     seed: Annotated[int, typer.Option(help="Seed of weights and data.")] = 0,
     optimizer: Annotated[OptimizerName, typer.Option(help="Optimizer.")] = OptimizerName.SGD,
     lr: Annotated[float, typer.Option(help="Learning rate.")] = 0.1,
-    schedule: Annotated[Schedule | None, typer.Option(
-        help="Override the plan's schedule.")] = None,
+    schedule: Annotated[str | None, typer.Option(
+        help="Run this schedule instead of the plan's (1f1b, gpipe, ...).")] = None,
     max_processes: Annotated[int, typer.Option(
         help="Refuse plans with more GPUs than this (each becomes a local process).")] = 8,
     check: Annotated[bool, typer.Option(
@@ -152,34 +149,48 @@ def launch_command(
         min=1, help="Intra-op threads per process (default: the cores split evenly).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON lines.")] = False,
 ) -> None:
-    """Run PLAN for real on this machine: one CPU process per GPU of the plan (gloo), each
-    stage building only its layers, micro-batches by the plan's schedule, TP shards,
-    per-layer gradient sync across pipelines. Logs each step's loss and time."""
+    """Train PLAN for real on this machine, one CPU process per GPU.
+
+    Each process (gloo) builds only its stage's layers and TP shard, runs micro-batches
+    by the plan's schedule and syncs gradients per layer across pipelines. The model and
+    plan are checked before any process starts; each step's loss and time is printed as
+    the step ends."""
+    from planner import PlannerError
+    from planner.documents import Schedule
+    from planner.export import rank_map
+
     loaded = _load_plan(plan)
     try:
         num_gpus = rank_map(loaded)["world_size"]
+        chosen = None if schedule is None else Schedule(schedule)
     except PlannerError as error:
-        typer.echo(str(error), err=True)
-        raise typer.Exit(2) from None
+        raise fail(str(error)) from None
+    except ValueError:
+        raise fail(f"--schedule {schedule!r}: use one of {[s.value for s in Schedule]}") from None
     if num_gpus > max_processes:
-        typer.echo(f"the plan has {num_gpus} GPUs, so {num_gpus} processes; more than "
-                   f"--max-processes {max_processes}. Raise it or launch a smaller plan.", err=True)
-        raise typer.Exit(2)
+        raise fail(f"the plan has {num_gpus} GPUs, so {num_gpus} processes; more than "
+                   f"--max-processes {max_processes}. Raise it or launch a smaller plan.")
     try:
         from launcher import TrainConfig, launch_plan
+        from launcher.launch import StepReport
     except ImportError as error:
-        typer.echo(f"hetplan launch needs PyTorch ({error}); pip install 'hetplan[torch]'",
-                   err=True)
-        raise typer.Exit(2) from None
+        raise fail(f"hetplan launch needs PyTorch ({error}); pip install 'hetplan[torch]'") \
+            from None
     config = TrainConfig(model=model, steps=steps, seed=seed, optimizer=optimizer.value, lr=lr,
-                         schedule=schedule, return_weights=check, cpu_threads=cpu_threads)
-    results = launch_plan(loaded, config)
-    for step, (loss, seconds) in enumerate(zip(results[0].losses, results[0].step_s,
-                                               strict=True)):
+                         schedule=chosen, return_weights=check, cpu_threads=cpu_threads)
+
+    def print_step(report: StepReport) -> None:
         if as_json:
-            typer.echo(json.dumps({"step": step, "loss": loss, "step_s": seconds}))
+            typer.echo(json.dumps({"step": report.step, "loss": report.loss,
+                                   "step_s": report.step_s}))
         else:
-            typer.echo(f"step {step}  loss {loss:.6f}  time {seconds * 1e3:.1f} ms")
+            typer.echo(f"step {report.step}  loss {report.loss:.6f}  "
+                       f"time {report.step_s * 1e3:.1f} ms")
+
+    try:
+        results = launch_plan(loaded, config, on_step=print_step)
+    except (ValueError, RuntimeError) as error:
+        raise fail(str(error)) from None
     if check:
         from launcher.check import max_weight_difference
 

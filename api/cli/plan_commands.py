@@ -1,185 +1,259 @@
-"""`hetplan plan` and `hetplan evaluate`: the planner core from the command line."""
+"""`hetplan plan` and `hetplan evaluate`: the planner core from the command line.
+
+A local run and `plan --server` print the same summary: both are turned into one
+`PlanSummary` first (from a `PlanResult`, or from the service's plan answer)."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-import yaml
-from rich.console import Console
-from rich.progress import Progress
-from rich.table import Table
 
-from planner import (
-    Evaluation,
-    PlannerError,
-    PlanResult,
-    evaluate,
-    parse_plan,
-    parse_scenario,
-)
-from planner.documents import dump_document
-from planner.estimate import ChunkedStageEstimate, StageEstimate, with_estimate
-from planner.fleet import Objective, ObjectiveOptions, plan_with_objective
+from api.cli.output import fail, load_document, stderr_console
 
-__all__ = ["register", "load_document"]
+__all__ = ["register", "load_document", "PlanSummary"]
 
-console = Console(stderr=True)
+MAX_IDLE_SHOWN = 8
+"""GPU names listed per idle reason; more are counted."""
 
 
-def load_document(path: Path) -> Any:
-    """A JSON or YAML document from disk, or a clear exit."""
-    try:
-        text = path.read_text()
-    except OSError as error:
-        raise typer.BadParameter(f"cannot read {path}: {error.strerror}") from None
-    try:
-        if path.suffix.lower() in {".yaml", ".yml"}:
-            return yaml.safe_load(text)
-        return json.loads(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as error:
-        raise typer.BadParameter(f"{path} is not valid JSON/YAML: {error}") from None
+@dataclass(frozen=True, kw_only=True)
+class PlanSummary:
+    """What `hetplan plan` reports, wherever the plan was computed."""
+
+    status: str
+    wall_s: float
+    evaluation: dict[str, Any]
+    baselines_samples_per_s: dict[str, float | None]
+    unused_gpus: dict[str, str]
+    plan_id: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        numbers = ("iteration_s", "samples_per_s", "tokens_per_s", "sync_s", "efficiency",
+                   "usd_per_hour", "usd_per_million_tokens")
+        summary = {k: v for k, v in asdict(self).items() if k != "evaluation"}
+        summary.update({k: self.evaluation.get(k) for k in numbers if k in self.evaluation})
+        return summary
 
 
-def _fail(error: Exception) -> typer.Exit:
-    console.print(f"[red]error:[/red] {error}")
-    return typer.Exit(code=2)
+def _local_summary(result: Any) -> PlanSummary:
+    return PlanSummary(status=result.status.value, wall_s=result.wall_s,
+                       evaluation=result.evaluation.to_dict(),
+                       baselines_samples_per_s=dict(result.baselines),
+                       unused_gpus=dict(result.unused_gpus))
+
+
+def _server_summary(answer: dict[str, Any]) -> PlanSummary:
+    search = answer["plan"].get("search") or {}
+    return PlanSummary(status=answer["status"], wall_s=answer["wall_s"],
+                       evaluation=answer["evaluation"],
+                       baselines_samples_per_s=search.get("baselines_samples_per_s") or {},
+                       unused_gpus=answer.get("unused_gpus") or {}, plan_id=answer.get("id"))
 
 
 def plan_command(
     scenario_path: Annotated[Path, typer.Argument(metavar="SCENARIO", help="Scenario JSON/YAML.")],
-    output: Annotated[Path | None, typer.Option("-o", "--output", help="Write the plan here.")] = None,
-    time_limit_s: Annotated[float, typer.Option("--time-limit", help="Search budget, s.")] = 10.0,
-    server: Annotated[str | None, typer.Option(help="Plan on a hetplan server at this URL.")] = None,
-    token: Annotated[str | None, typer.Option(envvar="HETPLAN_TOKEN", help="Bearer token.")] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="Write the plan here "
+                                                "(default: stdout).")] = None,
+    time_limit_s: Annotated[float, typer.Option("--time-limit", min=0.01,
+                                                help="Search budget, seconds.")] = 10.0,
+    server: Annotated[str | None, typer.Option(help="Plan on the hetplan service at this "
+                                               "URL instead of locally.")] = None,
+    token: Annotated[str | None, typer.Option(envvar="HETPLAN_TOKEN",
+                                              help="Bearer token for --server.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON summary on stdout "
+                                          "(with the plan in it unless -o is given).")] = False,
     objective: Annotated[str, typer.Option(
-        help="throughput (most samples/s) or cost (least USD per million tokens).")] = "throughput",
+        help="throughput (most samples/s) or cost (least USD per million tokens); with cost, "
+        "a budget or a floor, sub-fleets are planned, --time-limit each.")] = "throughput",
     max_usd_per_hour: Annotated[float | None, typer.Option(
         min=0, help="Budget: USD/hour of the GPUs the plan uses.")] = None,
     min_samples_per_s: Annotated[float | None, typer.Option(
         min=0, help="Floor: samples/s the plan must reach.")] = None,
 ) -> None:
-    """Find the best plan for a scenario and print a summary."""
-    document = load_document(scenario_path)
-    if server is not None:
-        from api.client import HetplanClient
+    """Find the best plan for a scenario and print a summary.
 
-        goal = {"objective": objective, "max_usd_per_hour": max_usd_per_hour,
-                "min_samples_per_s": min_samples_per_s}
-        body = HetplanClient(server, token=token).request_plan(
-            {"scenario": document, "options": {k: v for k, v in goal.items() if v is not None}},
-            time_limit_s=time_limit_s)
-        plan_doc = body.get("plan", body)
-        _write(plan_doc, output)
-        console.print_json(json.dumps(body.get("estimate") or plan_doc.get("estimate")))
+    The summary (pipelines, throughput, baselines, idle GPUs and why) goes to stderr and
+    the plan to stdout or -o; with --json, a JSON summary goes to stdout instead."""
+    if output is not None and not output.resolve().parent.is_dir():
+        raise fail(f"cannot write {output}: its folder does not exist")  # before a long search
+    goal = _goal(objective, max_usd_per_hour, min_samples_per_s)
+    document = load_document(scenario_path)
+    if server is None:
+        plan_document, summary = _plan_locally(document, time_limit_s, goal,
+                                               show_progress=not as_json)
+    else:
+        plan_document, summary = _plan_on_server(document, time_limit_s, goal, server, token)
+    if as_json:
+        answer = summary.to_json()
+        if output is None:
+            answer["plan"] = plan_document
+        else:
+            _write_plan(plan_document, output)
+            answer["output"] = str(output)
+        typer.echo(json.dumps(answer, indent=1))
         return
+    _print_summary(summary)
+    _write_plan(plan_document, output)
+
+
+def _goal(objective: str, max_usd_per_hour: float | None,
+          min_samples_per_s: float | None) -> dict[str, Any]:
+    """The goal in money as `options` of a plan request (and of `ObjectiveOptions`)."""
+    if objective not in ("throughput", "cost"):
+        raise fail(f"--objective {objective!r}: expected one of throughput, cost")
+    goal = {"objective": objective, "max_usd_per_hour": max_usd_per_hour,
+            "min_samples_per_s": min_samples_per_s}
+    return {key: value for key, value in goal.items() if value is not None}
+
+
+def _plan_locally(document: Any, time_limit_s: float, goal: dict[str, Any], *,
+                  show_progress: bool) -> tuple[dict[str, Any], PlanSummary]:
+    from rich.progress import Progress
+
+    from planner import PlannerError, parse_scenario
+    from planner.documents import dump_document
+    from planner.fleet import Objective, ObjectiveOptions, plan_with_objective
+
+    options = ObjectiveOptions(time_limit_s=time_limit_s, **{
+        **goal, "objective": Objective(goal["objective"])})
     try:
         scenario = parse_scenario(document)
-        with Progress(console=console, transient=True) as bar:
+        with Progress(console=stderr_console(), transient=True,
+                      disable=not show_progress) as bar:
             task = bar.add_task("planning", total=1.0)
             result = plan_with_objective(
-                scenario, _objective_options(objective, time_limit_s, max_usd_per_hour,
-                                             min_samples_per_s),
+                scenario, options,
                 progress=lambda f, msg: bar.update(task, completed=f, description=msg))
     except PlannerError as error:
-        raise _fail(error) from None
-    _print_result(result)
-    _write(dump_document(with_estimate(result.plan, result.evaluation)), output)
+        raise fail(str(error)) from None
+    return dump_document(result.plan), _local_summary(result)
 
 
-def _objective_options(objective: str, time_limit_s: float, max_usd_per_hour: float | None,
-                       min_samples_per_s: float | None) -> ObjectiveOptions:
+def _plan_on_server(document: Any, time_limit_s: float, goal: dict[str, Any], server: str,
+                    token: str | None) -> tuple[dict[str, Any], PlanSummary]:
+    from api.client import HetplanClient, HetplanError
+
     try:
-        chosen = Objective(objective)
-    except ValueError:
-        raise typer.BadParameter(f"--objective {objective!r}: expected one of "
-                                 f"{', '.join(o.value for o in Objective)}") from None
-    return ObjectiveOptions(time_limit_s=time_limit_s, objective=chosen,
-                            max_usd_per_hour=max_usd_per_hour,
-                            min_samples_per_s=min_samples_per_s)
+        with HetplanClient(server, token=token, retries=1) as client:
+            answer = client.request_plan({"scenario": document, "options": goal},
+                                         time_limit_s=time_limit_s)
+    except HetplanError as error:
+        raise fail(f"{server}: {error}") from None
+    return answer["plan"], _server_summary(answer)
 
 
 def evaluate_command(
-    scenario_path: Annotated[Path, typer.Argument(metavar="SCENARIO")],
-    plan_path: Annotated[Path, typer.Argument(metavar="PLAN")],
+    scenario_path: Annotated[Path, typer.Argument(metavar="SCENARIO", help="Scenario JSON/YAML.")],
+    plan_path: Annotated[Path, typer.Argument(metavar="PLAN", help="Plan JSON/YAML.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the numbers as JSON.")] = False,
 ) -> None:
-    """Validate any plan against a scenario and estimate it with the reference model."""
+    """Check a plan against a scenario and estimate it.
+
+    Every broken rule is listed; the exit code is 1 when the plan is invalid."""
+    from planner import PlannerError, evaluate, parse_plan, parse_scenario
+
     try:
         scenario = parse_scenario(load_document(scenario_path))
         evaluation = evaluate(scenario, parse_plan(load_document(plan_path)))
     except PlannerError as error:
-        raise _fail(error) from None
+        raise fail(str(error)) from None
+    numbers = evaluation.to_dict()
     if as_json:
-        typer.echo(json.dumps(evaluation.to_dict(), indent=1))
+        typer.echo(json.dumps(numbers, indent=1))
     else:
-        _print_evaluation(evaluation)
+        _print_evaluation(numbers)
     if not evaluation.valid:
         raise typer.Exit(code=1)
 
 
-def _write(document: dict[str, Any], output: Path | None) -> None:
+def _write_plan(document: dict[str, Any], output: Path | None) -> None:
     text = json.dumps(document, indent=1)
     if output is None:
         typer.echo(text)
-    else:
-        output.write_text(text + "\n")
-        console.print(f"plan written to {output}")
-
-
-def _print_evaluation(evaluation: Evaluation) -> None:
-    if not evaluation.valid:
-        console.print(f"[red]invalid plan[/red] ({len(evaluation.errors)} problem(s)):")
-        for error in evaluation.errors:
-            console.print(f"  - {error}")
-    if evaluation.iteration_s is None:
         return
-    table = Table(title=f"pipelines ({evaluation.schedule})")
-    columns = ("#", "b x m", "stages (type tp \\[layers], R: recompute)", "T_p s",
-               "max mem GiB / cap")
-    for column in columns:
+    try:
+        output.write_text(text + "\n")
+    except OSError as error:
+        raise fail(f"cannot write {output}: {error.strerror}") from None
+    stderr_console().print(f"plan written to {output}", soft_wrap=True, highlight=False)
+
+
+def _print_evaluation(evaluation: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    console = stderr_console()
+    if not evaluation["valid"]:
+        console.print(f"[red]invalid plan[/red] ({len(evaluation['errors'])} problem(s)):")
+        for error in evaluation["errors"]:
+            console.print(f"  - {error}", markup=False)
+    if evaluation.get("iteration_s") is None:
+        return
+    table = Table(title="pipelines")
+    for column in ("#", "b x m", "stages (type tp [layers])", "T_p s", "max mem GiB / cap"):
         table.add_column(column)
-    for p in evaluation.pipelines:
-        stages = ", ".join(_stage_summary(s) for s in p.stages)
-        worst = max(p.stages, key=lambda s: s.memory_gib / s.capacity_gib)
-        table.add_row(str(p.index), f"{p.micro_batch_size} x {p.num_micro_batches}", stages,
-                      f"{p.T_p:.3f}", f"{worst.memory_gib:.1f} / {worst.capacity_gib:g}")
+    for p in evaluation["pipelines"]:
+        stages = ", ".join(_stage_summary(s) for s in p["stages"])
+        worst = max(p["stages"], key=lambda s: s["memory_gib"] / s["capacity_gib"])
+        table.add_row(str(p["index"]), f"{p['micro_batch_size']} x {p['num_micro_batches']}",
+                      stages, f"{p['T_p']:.3f}",
+                      f"{worst['memory_gib']:.1f} / {worst['capacity_gib']:g}")
     console.print(table)
-    efficiency = "" if evaluation.efficiency is None else f", efficiency {evaluation.efficiency:.1%}"
-    console.print(f"iteration {evaluation.iteration_s:.4f} s (sync {evaluation.sync_s:.4f} s), "
-                  f"{evaluation.samples_per_s:.2f} samples/s, {evaluation.tokens_per_s:.0f} tokens/s"
-                  f"{efficiency}")
+    efficiency = evaluation.get("efficiency")
+    shown = "" if efficiency is None else f", efficiency {efficiency:.1%}"
+    console.print(f"iteration {evaluation['iteration_s']:.4f} s (sync {evaluation['sync_s']:.4f} s),"
+                  f" {evaluation['samples_per_s']:.2f} samples/s, "
+                  f"{evaluation['tokens_per_s']:.0f} tokens/s{shown}")
     console.print(_price_summary(evaluation))
-    for warning in evaluation.warnings:
+    for warning in evaluation.get("warnings") or []:
         console.print(f"[yellow]warning:[/yellow] {warning}")
 
 
-def _stage_summary(stage: StageEstimate) -> str:
+def _stage_summary(stage: dict[str, Any]) -> str:
     """`A100-80G tp2 [0,12)`; chunks as `[0,6)+[12,18)`; `R` when the stage recomputes."""
-    ranges = stage.chunks if isinstance(stage, ChunkedStageEstimate) else [stage.layers or []]
+    ranges = stage.get("chunks") or [stage["layers"] or []]
     shown = "+".join(f"[{start},{end})" for start, end in ranges)
-    return f"{stage.gpu_type} tp{stage.tp} {shown}{' R' if stage.recompute else ''}"
+    return f"{stage['gpu_type']} tp{stage['tp']} {shown}{' R' if stage.get('recompute') else ''}"
 
 
-def _price_summary(evaluation: Evaluation) -> str:
-    if evaluation.usd_per_hour is None:
+def _price_summary(evaluation: dict[str, Any]) -> str:
+    if evaluation.get("usd_per_hour") is None:
         return "price: unknown (a GPU type the plan uses has no hourly_usd)"
-    return (f"price: ${evaluation.usd_per_hour:.2f}/hour for the GPUs used, "
-            f"${evaluation.usd_per_million_tokens:.4f} per million tokens, "
-            f"${evaluation.usd_per_iteration:.4f} per iteration")
+    return (f"price: ${evaluation['usd_per_hour']:.2f}/hour for the GPUs used, "
+            f"${evaluation['usd_per_million_tokens']:.4f} per million tokens, "
+            f"${evaluation['usd_per_iteration']:.4f} per iteration")
 
 
-def _print_result(result: PlanResult) -> None:
-    _print_evaluation(result.evaluation)
-    rate = result.evaluation.samples_per_s or 0.0
-    for name, baseline in result.baselines.items():
+def _print_summary(summary: PlanSummary) -> None:
+    console = stderr_console()
+    _print_evaluation(summary.evaluation)
+    rate = summary.evaluation.get("samples_per_s") or 0.0
+    for name, baseline in summary.baselines_samples_per_s.items():
         gain = f"{rate / baseline:.2f}x" if baseline else "no valid plan"
         shown = f"{baseline:.2f} samples/s" if baseline else "-"
         console.print(f"baseline {name}: {shown}; hetplan gains {gain}")
-    console.print(f"status {result.status.value}, {len(result.unused_gpus)} GPU(s) left idle, "
-                  f"searched in {result.wall_s:.2f} s")
+    for line in idle_lines(summary.unused_gpus):
+        console.print(line, markup=False, highlight=False)
+    console.print(f"status {summary.status}, {len(summary.unused_gpus)} GPU(s) left idle, "
+                  f"searched in {summary.wall_s:.2f} s")
+    if summary.plan_id:
+        console.print(f"stored on the server as plan {summary.plan_id}", soft_wrap=True)
+
+
+def idle_lines(unused_gpus: dict[str, str]) -> list[str]:
+    """One line per reason a GPU is idle, naming the GPUs (the first few, then a count)."""
+    by_reason: dict[str, list[str]] = {}
+    for gpu, reason in unused_gpus.items():
+        by_reason.setdefault(reason, []).append(gpu)
+    lines = []
+    for reason, gpus in by_reason.items():
+        named = ", ".join(gpus[:MAX_IDLE_SHOWN])
+        more = f" and {len(gpus) - MAX_IDLE_SHOWN} more" if len(gpus) > MAX_IDLE_SHOWN else ""
+        lines.append(f"idle {named}{more}: {reason}")
+    return lines
 
 
 def register(app: typer.Typer) -> None:

@@ -11,23 +11,20 @@ import datetime as dt
 import json
 import os
 import platform
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 
-from api.cli.plan_commands import load_document
+from api.cli.output import fail, load_document, stderr_console, write_json
 
 __all__ = ["register", "parse_int_list"]
 
-console = Console(stderr=True)
-
 profile_app = typer.Typer(
     name="profile",
-    help="Measure layer times and links with PyTorch (install the `torch` extra).",
+    help="Measure layer times and links (needs PyTorch).\n\nInstall it with: pip install 'hetplan[torch]'",
     no_args_is_help=True,
+    rich_markup_mode=None,
 )
 
 
@@ -48,25 +45,11 @@ def parse_int_list(text: str, *, what: str) -> tuple[int, ...]:
     return values
 
 
-def _fail(message: str) -> typer.Exit:
-    console.print(f"[red]error:[/red] {message}")
-    return typer.Exit(code=2)
-
-
 def _require_torch() -> None:
     try:
         import torch  # noqa: F401
     except ImportError:
-        raise _fail("profiling needs PyTorch: pip install 'hetplan[torch]'") from None
-
-
-def _write_json(data: Any, output: Path | None) -> None:
-    text = json.dumps(data, indent=1) + "\n"
-    if output is None:
-        sys.stdout.write(text)
-    else:
-        output.write_text(text)
-        console.print(f"wrote {output}")
+        raise fail("profiling needs PyTorch: pip install 'hetplan[torch]'") from None
 
 
 def _provenance(command: str) -> dict[str, Any]:
@@ -84,9 +67,9 @@ def _upload(kind: str, upload_url: str, token: str | None, send: Any) -> None:
         try:
             result = send(client)
         except UploadFailed as error:
-            raise _fail(str(error)) from None
+            raise fail(str(error)) from None
     for answer in result.answers:
-        console.print(f"uploaded {kind}: {json.dumps(answer)[:300]}")
+        stderr_console().print(f"uploaded {kind}: {json.dumps(answer)[:300]}")
 
 
 Output = Annotated[Path | None, typer.Option("--output", "-o", help="Write JSON here "
@@ -135,7 +118,7 @@ def layers_command(
     kind_list = tuple(k.strip() for k in kinds.split(",") if k.strip())
     unknown = sorted(set(kind_list) - set(KINDS))
     if unknown or not kind_list:
-        raise _fail(f"--kinds {kinds!r}: use a comma-separated subset of {list(KINDS)}")
+        raise fail(f"--kinds {kinds!r}: use a comma-separated subset of {list(KINDS)}")
     try:
         spec = get_preset(model)
         options = ProfileOptions(
@@ -145,25 +128,29 @@ def layers_command(
             warmup=warmup, repeats=repeats, passes=passes, noise_threshold=noise_threshold,
             cpu_threads=cpu_threads, cpu_clock=cpu_clock)
     except (KeyError, ValueError) as error:
-        raise _fail(str(error).strip("'\"")) from None
+        raise fail(str(error).strip("'\"")) from None
     if check_tp:
         _check_tp(spec, options)
+    stderr_console().print(f"profiling {', '.join(kind_list)} of {spec.name} at micro-batches "
+                           f"{micro_batches}, tp {tp} on {device}: {repeats} repeats of "
+                           f"{passes} passes per point", markup=False)
     under_torchrun = int(os.environ.get("WORLD_SIZE", "1")) > 1
     try:
         profile = (profile_layers_torchrun if under_torchrun else profile_layers)(spec, options)
     except (ValueError, RuntimeError) as error:
-        raise _fail(str(error)) from None
+        raise fail(str(error)) from None
     if profile is None:
         return  # a torchrun rank other than 0: rank 0 reports
     for skipped in profile.skipped:
-        console.print(f"[yellow]skipped[/yellow] {skipped.kind} micro_batch={skipped.micro_batch}"
-                      f" tp={skipped.tp}: {skipped.reason}")
+        stderr_console().print(f"[yellow]skipped[/yellow] {skipped.kind} "
+                               f"micro_batch={skipped.micro_batch} tp={skipped.tp}: "
+                               f"{skipped.reason}")
     rows = profile.rows(gpu_type or _default_gpu_type(device))
     noisy = [r for r in rows if r["x_noisy"]]
-    console.print(f"{len(rows)} rows on {profile.device_name}; {len(noisy)} noisy, "
-                  f"{len(profile.skipped)} skipped")
+    stderr_console().print(f"{len(rows)} rows on {profile.device_name}; {len(noisy)} noisy, "
+                           f"{len(profile.skipped)} skipped")
     if output is not None or upload is None:
-        _write_json(rows, output)
+        write_json(rows, output)
     if upload is not None:
         provenance = _provenance("profile layers")
         _upload("profiles", upload, token,
@@ -181,7 +168,7 @@ def _default_gpu_type(device: str) -> str:
     memory_gib = torch.cuda.get_device_properties(0).total_memory / 2**30
     guess = guess_gpu_type(name, memory_gib)
     if guess is None:
-        raise _fail(f"{name!r} is not in the reference catalogue; name it with --gpu-type")
+        raise fail(f"{name!r} is not in the reference catalogue; name it with --gpu-type")
     return guess
 
 
@@ -195,11 +182,12 @@ def _check_tp(spec: Any, options: Any) -> None:
     small = dataclasses.replace(spec, num_blocks=1, seq_len=min(spec.seq_len, 128))
     for size in (t for t in options.tp_sizes if t > 1):
         result = compare_tensor_parallel(small, tp_size=size, device=options.device)
-        console.print(f"TP={size} against TP=1: largest difference {result.max_diff:.3g}")
+        stderr_console().print(f"TP={size} against TP=1: largest difference "
+                               f"{result.max_diff:.3g}")
         # float64 sums in another order differ by ~1e-16; more is a sharding bug.
         if result.max_diff > 1e-9:
-            raise _fail(f"TP={size} disagrees with TP=1 by {result.max_diff:.3g}; "
-                        "do not trust its rows")
+            raise fail(f"TP={size} disagrees with TP=1 by {result.max_diff:.3g}; "
+                       "do not trust its rows")
 
 
 @profile_app.command("links")
@@ -226,7 +214,7 @@ def links_command(
     size_list = parse_int_list(sizes, what="--sizes") if sizes else DEFAULT_SIZES
     zone_pair = tuple(zones.split(",")) if zones else None
     if zone_pair is not None and len(zone_pair) != 2:
-        raise _fail(f"--zones takes two names like east,west, not {zones!r}")
+        raise fail(f"--zones takes two names like east,west, not {zones!r}")
     if gpu_type is None and scope == "intra_node":
         gpu_type = "cpu" if device == "cpu" else _default_gpu_type(device)
     try:
@@ -241,13 +229,13 @@ def links_command(
         row = link_row(profile, scope=scope, gpu_type=gpu_type if scope == "intra_node" else None,
                        zones=zone_pair)  # type: ignore[arg-type]
     except (ValueError, RuntimeError) as error:
-        raise _fail(str(error)) from None
+        raise fail(str(error)) from None
     for point in profile.points:
-        console.print(f"{point.size_bytes:>10} B  p2p {point.p2p_one_way_us:9.1f} us "
-                      f"{point.p2p_gb_per_s:8.3f} GB/s  all-reduce busbw "
-                      f"{point.allreduce_busbw_gb_per_s:8.3f} GB/s")
+        stderr_console().print(f"{point.size_bytes:>10} B  p2p {point.p2p_one_way_us:9.1f} us "
+                               f"{point.p2p_gb_per_s:8.3f} GB/s  all-reduce busbw "
+                               f"{point.allreduce_busbw_gb_per_s:8.3f} GB/s")
     if output is not None or upload is None:
-        _write_json({"links": [row], "measurements": profile.table()}, output)
+        write_json({"links": [row], "measurements": profile.table()}, output)
     if upload is not None:
         _upload("links", upload, token, lambda c: upload_links(c, [row]))
 
@@ -277,7 +265,9 @@ def scenario_command(
         "points. Repeatable.")] = None,
     output: Output = None,
 ) -> None:
-    """Assemble a full scenario from a cluster file, bundled reference rows and measured rows."""
+    """Assemble a scenario from a cluster file and profiles.
+
+    Rows come from the bundled reference profiles, replaced by measured rows where given."""
     from planner import InvalidScenario
     from profiles.models import get_preset
     from profiles.scenario import ClusterError, assemble_scenario
@@ -285,17 +275,17 @@ def scenario_command(
     try:
         spec = get_preset(model)
     except KeyError as error:
-        raise _fail(str(error).strip("'\"")) from None
+        raise fail(str(error).strip("'\"")) from None
     measured: list[dict[str, Any]] = []
     for path in profiles or []:
         rows = load_document(path)
         if not isinstance(rows, list):
-            raise _fail(f"{path} must hold a JSON list of profile rows (what -o of "
-                        "`hetplan profile layers` writes)")
+            raise fail(f"{path} must hold a JSON list of profile rows (what -o of "
+                       "`hetplan profile layers` writes)")
         measured.extend(rows)
     try:
         document = assemble_scenario(load_document(cluster), spec,
                                      global_batch_size=global_batch, measured_rows=measured)
     except (ClusterError, InvalidScenario) as error:
-        raise _fail(str(error)) from None
-    _write_json(document, output)
+        raise fail(str(error)) from None
+    write_json(document, output)

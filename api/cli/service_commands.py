@@ -10,6 +10,8 @@ from typing import Annotated, Any
 
 import typer
 
+from api.cli.output import fail, stderr_console
+
 __all__ = ["register", "BatchOutcome", "plan_file", "plan_file_task"]
 
 SCENARIO_SUFFIXES = (".json", ".yaml", ".yml")
@@ -28,7 +30,9 @@ def serve(
                                         "non-loopback address (anyone may write).")] = False,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
 ) -> None:
-    """Serve the hetplan API (settings from HETPLAN_* variables; docs at /docs)."""
+    """Serve the hetplan HTTP API (docs at /docs).
+
+    Settings come from HETPLAN_* variables (docs/service.md)."""
     import uvicorn
 
     from api.app import create_app
@@ -42,13 +46,19 @@ def serve(
     try:
         check_exposure(host, settings)
     except ExposureRefused as error:
-        typer.echo(f"hetplan serve: {error}", err=True)
-        raise typer.Exit(2) from None
-    engine = make_engine(settings.database_url)
+        raise fail(str(error)) from None
+    from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+
     try:
-        migrate(engine)  # once, before any worker starts
-    finally:
-        engine.dispose()
+        engine = make_engine(settings.database_url)
+        try:
+            migrate(engine)  # once, before any worker starts
+        finally:
+            engine.dispose()
+    except (ArgumentError, SQLAlchemyError) as error:
+        reason = " ".join(str(error).split())[:300]
+        raise fail(f"cannot use the database {settings.database_url!r} (HETPLAN_DATABASE_URL): "
+                   f"{reason}") from None
     if workers == 1:
         app = create_app(settings.model_copy(update={"migrate_on_startup": False}))
         uvicorn.run(app, host=host, port=port, log_level=log_level, http=PROTOCOL_PATH)
@@ -110,28 +120,35 @@ def _load(path: Path) -> Any:
 
 def batch(
     scenario_dir: Annotated[Path, typer.Argument(exists=True, file_okay=False,
+                                                 metavar="SCENARIO_DIR",
                                                  help="Folder of scenario documents.")],
     out: Annotated[Path, typer.Option("--out", help="Folder for the plan documents.")],
     jobs: Annotated[int, typer.Option(min=1, help="Parallel processes.")] = (
         os.cpu_count() or 1),
-    time_limit_s: Annotated[float, typer.Option(min=0.1, help="Search budget per "
-                                                "scenario.")] = 10.0,
+    time_limit_s: Annotated[float, typer.Option("--time-limit", min=0.1,
+                                                help="Search budget per scenario, seconds."
+                                                )] = 10.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON on "
+                                          "stdout instead of a table.")] = False,
     ray: Annotated[str | None, typer.Option(
         "--ray", metavar="ADDRESS", help="Plan as Ray tasks: `auto` starts a local Ray, "
         "else the cluster's address (workers must see --out).")] = None,
 ) -> None:
-    """Plan every scenario in SCENARIO_DIR in parallel; exit 1 if any failed."""
-    from rich.console import Console
+    """Plan every scenario of a folder, in parallel.
+
+    The exit code is 1 if any scenario failed.
+
+    Each plan goes to OUT/<name>.plan.json and the summary to OUT/batch-summary.json."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-    from rich.table import Table
 
     paths = sorted(p for p in scenario_dir.iterdir() if p.suffix in SCENARIO_SUFFIXES)
     if not paths:
-        typer.echo(f"hetplan batch: no scenario files ({', '.join(SCENARIO_SUFFIXES)}) in "
-                   f"{scenario_dir}", err=True)
-        raise typer.Exit(2)
-    out.mkdir(parents=True, exist_ok=True)
-    console = Console(stderr=True)
+        raise fail(f"no scenario files ({', '.join(SCENARIO_SUFFIXES)}) in {scenario_dir}")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise fail(f"cannot create the output folder {out}: {error.strerror}") from None
+    console = stderr_console()
     outcomes: list[BatchOutcome] = []
     columns = ("{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     from api.sweeps import RayUnavailable, sweep_mapper
@@ -144,22 +161,31 @@ def batch(
                 outcomes.append(outcome)
                 progress.advance(task)
     except RayUnavailable as error:
-        typer.echo(f"hetplan batch: {error}", err=True)
-        raise typer.Exit(2) from None
+        raise fail(str(error)) from None
     outcomes.sort(key=lambda o: o.scenario)
-    (out / "batch-summary.json").write_text(
-        json.dumps([asdict(o) for o in outcomes], indent=2) + "\n")
-    table = Table(title=f"hetplan batch: {scenario_dir}")
+    summary = [asdict(o) for o in outcomes]
+    (out / "batch-summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    failed = sum(not o.ok for o in outcomes)
+    if as_json:
+        typer.echo(json.dumps(summary, indent=1))
+    else:
+        _print_table(outcomes, title=f"hetplan batch: {scenario_dir}")
+    if failed:
+        console.print(f"{failed} of {len(outcomes)} scenarios failed")
+        raise typer.Exit(1)
+
+
+def _print_table(outcomes: list[BatchOutcome], *, title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
     for column in ("scenario", "result", "status", "iteration_s", "samples/s", "wall_s"):
         table.add_column(column)
     for o in outcomes:
         table.add_row(o.scenario, "ok" if o.ok else f"FAILED: {o.error}", o.status or "",
                       _fmt(o.iteration_s), _fmt(o.samples_per_s), _fmt(o.wall_s))
     Console().print(table)
-    failed = sum(not o.ok for o in outcomes)
-    if failed:
-        console.print(f"{failed} of {len(outcomes)} scenarios failed")
-        raise typer.Exit(1)
 
 
 def _fmt(value: float | None) -> str:

@@ -1,6 +1,6 @@
 """One router per resource; each is thin: parse, authorize, call a service, answer."""
 
-from api.routes import catalogue, fleets, health, jobs, links, plans, profiles
+from api.routes import catalogue, fleets, health, jobs, links, plans, profiles, schemas
 
 ROUTERS = [
     catalogue.gpu_types,
@@ -13,6 +13,7 @@ ROUTERS = [
     plans.evaluate_router,
     jobs.router,
     fleets.whatif_router,
+    schemas.router,
 ]
 
 __all__ = ["ROUTERS", "health"]

@@ -7,12 +7,13 @@ FastAPI must see their body types as objects, not as names to look up.)
 from typing import Annotated, Any
 from urllib.parse import quote
 
-from fastapi import APIRouter, Path, Query, Response
+from fastapi import APIRouter, Body, Path, Query, Response
 from pydantic import BaseModel
 
 from api import schemas
 from api.deps import ReadAuth, StoreDep, UploadAuth
 from api.errors import ErrorResponses
+from api.examples import openapi_examples
 from api.routing import CheckedRoute
 from api.schemas import NAME_PATTERN
 from api.services.catalogue import register, versioned_public
@@ -30,11 +31,13 @@ def _router(kind: Catalogue, prefix: str, tag: str, body_model: type[BaseModel],
             public: type[BaseModel]) -> APIRouter:
     router = APIRouter(prefix=prefix, tags=[tag], responses=ErrorResponses.common,
                        route_class=CheckedRoute)
+    examples = openapi_examples(prefix)
 
     @router.post("", status_code=201, response_model=public,
                  responses=ErrorResponses.upload, operation_id=f"create_{kind.value}",
                  summary=f"Register a {tag[:-1]} (a new version if the name exists)")
-    def create(body: body_model, store: StoreDep, _: UploadAuth,  # type: ignore[valid-type]
+    def create(body: Annotated[body_model, Body(openapi_examples=examples)],  # type: ignore[valid-type]
+               store: StoreDep, _: UploadAuth,
                response: Response) -> dict[str, Any]:
         record = register(store, kind, body)
         response.headers["Location"] = f"{prefix}/{quote(record.name, safe='')}?version={record.version}"

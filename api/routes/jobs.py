@@ -8,8 +8,9 @@ from fastapi import APIRouter, Path
 
 from api import schemas
 from api.deps import PlanAuth, ReadAuth, RunnerDep
-from api.errors import ErrorResponses
+from api.errors import Conflict, ErrorResponses
 from api.routing import CheckedRoute
+from planner.errors import Problem
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=ErrorResponses.common,
                    route_class=CheckedRoute)
@@ -27,9 +28,17 @@ def get(job_id: JobId, runner: RunnerDep, _: ReadAuth) -> Any:
 
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=schemas.JobPublic,
-             operation_id="cancel_job", responses=ErrorResponses.not_found,
+             operation_id="cancel_job",
+             responses={**ErrorResponses.not_found, **ErrorResponses.conflict},
              summary="Cancel a plan job")
 def cancel(job_id: JobId, runner: RunnerDep, _: PlanAuth) -> Any:
     """A queued job is cancelled at once; a running one stops at its next progress report
-    (`status` stays `running` with `cancel_requested` until then)."""
+    (`status` stays `running` with `cancel_requested` until then). A job that has already
+    ended cannot be cancelled: 409."""
+    status = runner.get(job_id).status
+    if status.final:
+        raise Conflict(f"job {job_id} has already ended ({status.value}); only queued or "
+                       "running jobs can be cancelled",
+                       problems=[Problem(path="status", value=status.value,
+                                         message="the job has ended; nothing to cancel")])
     return schemas.JobPublic.model_validate(runner.cancel(job_id), from_attributes=True)

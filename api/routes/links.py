@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Body, Query, Response
 
 from api import schemas
 from api.deps import IdempotencyKey, ReadAuth, StoreDep, UploadAuth
 from api.errors import ErrorResponses, NotFound
+from api.examples import openapi_examples
 from api.routing import CheckedRoute
 from api.services import catalogue
 
@@ -19,7 +20,8 @@ router = APIRouter(prefix="/v1/links", tags=["links"], responses=ErrorResponses.
 @router.post("", status_code=201, response_model=schemas.LinkSetPublic,
              responses=ErrorResponses.upload, operation_id="upload_links",
              summary="Upload measured links (a new version of the link catalogue)")
-def upload(body: schemas.LinksCreate, store: StoreDep, _: UploadAuth, response: Response,
+def upload(body: Annotated[schemas.LinksCreate, Body(openapi_examples=openapi_examples(
+               "/v1/links"))], store: StoreDep, _: UploadAuth, response: Response,
            idempotency_key: IdempotencyKey = None) -> dict[str, Any]:
     record = catalogue.upload_links(store, body, idempotency_key)
     response.headers["Location"] = f"/v1/links?version={record.version}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query, Request, Response
+from fastapi import APIRouter, Body, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.convertors import Convertor, register_url_convertor
@@ -24,6 +24,7 @@ from api.deps import (
     StoreDep,
 )
 from api.errors import ErrorResponses, ExportUnavailable, InvalidRequest
+from api.examples import openapi_examples
 from api.routing import CheckedRoute
 from api.services import planning
 from api.services.scenarios import Assembled, assemble
@@ -34,7 +35,8 @@ router = APIRouter(prefix="/v1/plans", tags=["plans"], responses=ErrorResponses.
 evaluate_router = APIRouter(prefix="/v1/evaluate", tags=["plans"],
                             responses=ErrorResponses.common, route_class=CheckedRoute)
 
-PlanId = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[0-9a-f]+$")]
+PlanId = Annotated[str, Path(min_length=1, max_length=200, pattern=schemas.NAME_PATTERN,
+                              description="Hexadecimal; any other id is simply not stored (404).")]
 
 
 class _HexId(Convertor[str]):
@@ -58,7 +60,8 @@ register_url_convertor("hexid", _HexId())
     responses={**ErrorResponses.write, 202: {"model": schemas.JobPublic,
                                              "description": "A job; poll GET /v1/jobs/{id}."}},
 )
-async def create(body: schemas.PlanRequest, request: Request, store: StoreDep,
+async def create(body: Annotated[schemas.PlanRequest, Body(openapi_examples=openapi_examples(
+                     "/v1/plans"))], request: Request, store: StoreDep,
                  settings: SettingsDep, solver: SolverDep, runner: RunnerDep,
                  metrics: MetricsDep, _: PlanAuth, response: Response,
                  job: Annotated[bool, Query(description="Always answer with a job.")] = False,
@@ -156,7 +159,7 @@ def export(plan_id: PlanId, store: StoreDep, _: ReadAuth,
 
 @evaluate_router.post("", response_model=schemas.EvaluationPublic, operation_id="evaluate_plan",
                       responses=ErrorResponses.write,
-                      summary="COST_MODEL.md's numbers for a plan (valid or not)")
+                      summary="The cost model's numbers for a plan (valid or not)")
 def evaluate(body: schemas.EvaluateRequest, store: StoreDep, settings: SettingsDep,
              _: PlanAuth) -> dict[str, Any]:
     """An invalid plan is an answer (`valid: false`, `errors`), not an error status."""

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query, Response
+from fastapi import APIRouter, Body, Path, Query, Response
 
 from api import schemas
 from api.deps import IdempotencyKey, ReadAuth, StoreDep, UploadAuth
 from api.errors import ErrorResponses
+from api.examples import openapi_examples
 from api.routing import CheckedRoute
 from api.schemas import NAME_PATTERN
 from api.services import catalogue
@@ -24,7 +25,8 @@ Offset = Annotated[int, Query(ge=0, le=2**31 - 1)]
 @router.post("", status_code=201, response_model=schemas.ProfileSetPublic,
              responses=ErrorResponses.upload, operation_id="upload_profiles",
              summary="Upload profile rows of one model on one GPU type")
-def upload(body: schemas.ProfileCreate, store: StoreDep, _: UploadAuth, response: Response,
+def upload(body: Annotated[schemas.ProfileCreate, Body(openapi_examples=openapi_examples(
+               "/v1/profiles"))], store: StoreDep, _: UploadAuth, response: Response,
            idempotency_key: IdempotencyKey = None) -> dict[str, Any]:
     """Makes a new version: the previous version's rows, with the uploaded points replacing
     the ones they repeat (`replaced` counts them). Nothing is merged or changed in place."""

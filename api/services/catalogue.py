@@ -13,6 +13,7 @@ from api import schemas
 from api.errors import InvalidRequest, NotFound
 from api.storage import Catalogue, LinkSetRecord, ProfileSetRecord, Store, Versioned
 from api.storage.store import LinkRow, ProfilePoint
+from planner.errors import Problem
 
 __all__ = [
     "body_sha256",
@@ -48,11 +49,14 @@ def _check_cluster_gpu_types(store: Store, document: dict[str, Any]) -> None:
         try:
             store.get_document(Catalogue.GPU_TYPE, node["gpu_type"])
         except NotFound:
-            unknown.append(f"nodes[{i}].gpu_type {node['gpu_type']!r}")
+            unknown.append(Problem(path=f"nodes[{i}].gpu_type", value=node["gpu_type"],
+                                   message="no GPU type of this name is registered; register "
+                                           "it first with POST /v1/gpu-types"))
     if unknown:
+        named = ", ".join(f"{p.path} {p.value!r}" for p in unknown)
         raise InvalidRequest(
-            f"the cluster names GPU types that are not registered: {', '.join(unknown)}; "
-            "register them first with POST /v1/gpu-types")
+            f"the cluster names GPU types that are not registered: {named}; "
+            "register them first with POST /v1/gpu-types", problems=unknown)
 
 
 def versioned_public(record: Versioned) -> dict[str, Any]:

@@ -163,7 +163,7 @@ def _goal(options: planner.SearchOptions) -> dict[str, Any]:
 
 
 def evaluate(assembled: Assembled, plan_document: dict[str, Any]) -> dict[str, Any]:
-    """COST_MODEL.md's numbers for a plan; an invalid plan is an answer, not an error."""
+    """The cost model's numbers for a plan (docs/formats.md); an invalid plan is an answer, not an error."""
     plan = planner.parse_plan(plan_document)
     return json_safe(planner.evaluate(assembled.scenario, plan).to_dict())
 

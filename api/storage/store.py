@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
-from api.errors import Conflict, IdempotencyKeyReused, NotFound
+from api.errors import IdempotencyKeyReused, NotFound, UploadCollision
 from api.storage import tables as t
 from api.storage.db import write_transaction
 
@@ -75,7 +75,7 @@ class Versioned:
 
 @dataclass(frozen=True, kw_only=True)
 class ProfilePoint:
-    """One profile row of COST_MODEL.md section 1, without the GPU type (its set has it)."""
+    """One profile row of docs/formats.md (scenario), without the GPU type (its set has it)."""
 
     kind: str
     micro_batch: int
@@ -211,7 +211,7 @@ class Store:
                     return write(connection)
             except IntegrityError:
                 time.sleep(random.uniform(0, 0.005 * (attempt + 1)))  # de-synchronise losers
-        raise Conflict(f"{_RETRIES} attempts to store this upload collided with concurrent "
+        raise UploadCollision(f"{_RETRIES} attempts to store this upload collided with concurrent "
                        "uploads; retry it (with the same Idempotency-Key, if it had one)")
 
     # -- catalogue: GPU types, models, clusters ---------------------------------------

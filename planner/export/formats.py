@@ -44,7 +44,7 @@ PP_GROUP_OPTIONS = {"sort_ranks": False}
 
 def _schedule(plan: Plan, job_schedule: str | None) -> Schedule:
     """The schedule the plan runs: its own, else the scenario job's (`job_schedule`), else the
-    job default, 1f1b (COST_MODEL.md: a plan without one runs the job's)."""
+    job default, 1f1b (docs/formats.md: a plan without one runs the job's)."""
     if plan.schedule is not None:
         return plan.schedule
     if job_schedule is None:

@@ -1,6 +1,6 @@
 """The three baselines a user compares hetplan against.
 
-- `homogeneous` (COST_MODEL.md section 5): one GPU type, identical pipelines,
+- `homogeneous` (docs/formats.md, bounds and baselines): one GPU type, identical pipelines,
   even layer split: what a homogeneous launcher does.
 - `unaware` (section 5): every GPU, identical pipelines, even split: what a
   heterogeneity-unaware launcher does.

@@ -82,15 +82,38 @@ def _draft(
 ) -> Draft:
     distinct = {id(t) for t in templates}
     one = templates[0]
-    # Replicas of one template: its own ring estimate, unless they are of one class and fit
-    # in one of its nodes, where every ring stays inside.
-    inside = len(one.gpus()) == 1 and len(templates) * max(s.tp for s in one.stages) <= max(
-        c.largest_node for c in tables.classes if c.key in one.gpus())
-    sync = (one.sync_s(len(templates)) if len(distinct) == 1 and not inside
-            else rough_sync_s(tables, templates))
+    if len(distinct) > 1:
+        sync = rough_sync_s(tables, templates)
+    elif _inside_one_node(tables, one, len(templates)):
+        sync = _inside_sync_s(tables, one, len(templates))
+    else:
+        sync = one.sync_s(len(templates))
     return Draft(pipelines=tuple(templates), micro_batches=tuple(counts),
                  pipeline_s=max(t.time_s(m) for t, m in zip(templates, counts, strict=True)),
                  sync_s=sync, origin=origin)
+
+
+def _inside_one_node(tables: ScenarioTables, template: PipelineTemplate, n: int) -> bool:
+    """Whether `n` replicas of a one-class template fit in one of its nodes, stage s of all
+    of them side by side (stage-major placement keeps every ring inside that node)."""
+    (key,) = template.gpus() if len(template.gpus()) == 1 else (None,)
+    if key is None:
+        return False
+    largest = max(c.largest_node for c in tables.classes if c.key == key)
+    return n * max(s.tp for s in template.stages) <= largest
+
+
+def _inside_sync_s(tables: ScenarioTables, template: PipelineTemplate, n: int) -> float:
+    """Section 3's sync of `n` replicas whose rings all stay inside one node."""
+    if n <= 1:
+        return 0.0
+    link = tables.scenario.cluster.intra_node[template.stages[0].gpu_type]
+    grad_bytes = tables.scenario.job.grad_bytes
+    bounds = template.partition.bounds
+    return max(2 * (n - 1) / n * float(tables.params[end] - tables.params[start]) * grad_bytes
+               / shape.tp / (link.bandwidth_gb_per_s * 1e9)
+               + 2 * (n - 1) * link.latency_us * 1e-6 * (end - start)
+               for start, end, shape in zip(bounds[:-1], bounds[1:], template.stages, strict=True))
 
 
 def realize(tables: ScenarioTables, chosen: Draft) -> list[Candidate]:

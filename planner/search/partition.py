@@ -4,7 +4,7 @@ A dynamic program over stages counted from the pipeline's end: the k-th stage
 from the end keeps k micro-batches in flight under 1F1B, so one sweep answers
 every pipeline depth at once. Stage time per micro-batch is forward plus
 backward, plus (with blocking transfers) both neighbour transfers twice, as in
-COST_MODEL.md section 3; a stage fits when its state and in-flight activations
+docs/formats.md (time); a stage fits when its state and in-flight activations
 fit beside the reserved memory (section 4).
 """
 

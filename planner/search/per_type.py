@@ -34,9 +34,9 @@ from planner.search.templates import PipelineTemplate, TemplateContext, homogene
 
 __all__ = ["ClassOption", "class_options", "heaviest_gradient", "per_type_choices"]
 
-NUM_THRESHOLDS = 32
+NUM_THRESHOLDS = 16
 """Thresholds swept (quantiles of the options' heaviest stages, all of them when fewer)."""
-BISECTIONS = 24
+BISECTIONS = 20
 DESCENT_ROUNDS = 4
 DESCENT_STARTS = 6
 """Sets of least estimated time, from the threshold sweep, that descent starts from."""

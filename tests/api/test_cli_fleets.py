@@ -103,7 +103,7 @@ def test_batch_on_local_ray_writes_the_plans_local_processes_write(
     for name, extra in (("local", []), ("ray", ["--ray", "auto"])):
         out = tmp_path / name
         result = runner.invoke(app, ["batch", str(folder), "--out", str(out), "--jobs", "2",
-                                     "--time-limit-s", "1", *extra])
+                                     "--time-limit", "1", *extra])
         assert result.exit_code == 0, result.output
         plans[name] = {p.name: json.loads(p.read_text())["pipelines"]
                        for p in sorted(out.glob("*.plan.json"))}

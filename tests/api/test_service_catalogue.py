@@ -99,6 +99,8 @@ def test_cluster_naming_an_unregistered_gpu_type_is_rejected(client: TestClient)
     response = client.post("/v1/clusters", json=body)
     assert response.status_code == 422
     assert "H900" in response.json()["message"]
+    assert [(p["path"], p["value"]) for p in response.json()["problems"]] == [
+        ("nodes[0].gpu_type", "H900")]
     assert client.get("/v1/clusters/lab").status_code == 404
 
 

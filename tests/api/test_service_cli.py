@@ -32,7 +32,7 @@ def test_batch_plans_every_scenario_and_fails_if_one_fails(tmp_path: Path) -> No
     (scenarios / "broken.json").write_text(json.dumps(broken))
     out = tmp_path / "plans"
     result = CliRunner().invoke(app, ["batch", str(scenarios), "--out", str(out),
-                                      "--jobs", "2", "--time-limit-s", "1"])
+                                      "--jobs", "2", "--time-limit", "1"])
     assert result.exit_code == 1, result.output
     assert "1 of 2 scenarios failed" in result.output
     summary = {o["scenario"]: o for o in json.loads((out / "batch-summary.json").read_text())}

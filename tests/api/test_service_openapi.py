@@ -34,7 +34,8 @@ def test_every_operation_is_versioned_and_documents_errors(tmp_path: Path) -> No
     for path, operations in paths.items():
         if path.startswith("/v1/"):
             for method, operation in operations.items():
-                assert "422" in operation["responses"], f"{method} {path}"
+                takes_input = "parameters" in operation or "requestBody" in operation
+                assert "422" in operation["responses"] or not takes_input, f"{method} {path}"
 
 
 def security_of(tmp_path: Path, **settings: object) -> dict[str, bool]:

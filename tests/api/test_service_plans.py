@@ -184,13 +184,19 @@ def test_too_many_pending_jobs_is_503_with_retry_after(make_client: MakeClient,
         release.set()
 
 
-def test_cancelling_a_finished_job_changes_nothing(make_client: MakeClient,
-                                                   scenario: dict[str, Any],
-                                                   plan_document: dict[str, Any]) -> None:
+def test_cancelling_a_finished_job_is_409_and_changes_nothing(make_client: MakeClient,
+                                                              scenario: dict[str, Any],
+                                                              plan_document: dict[str, Any]
+                                                              ) -> None:
     client = make_client(solver=fixed_solver(plan_document))
     job = client.post("/v1/plans?job=true", json={"scenario": scenario}).json()
     done = wait_job(client, job["id"])
-    assert client.post(f"/v1/jobs/{job['id']}/cancel").json() == done
+    refused = client.post(f"/v1/jobs/{job['id']}/cancel")
+    assert refused.status_code == 409
+    assert refused.json()["error"] == "conflict" and "already ended" in refused.json()["message"]
+    assert refused.json()["problems"] == [{"path": "status", "value": "succeeded",
+                                           "message": "the job has ended; nothing to cancel"}]
+    assert client.get(f"/v1/jobs/{job['id']}").json() == done
 
 
 def test_infeasible_scenario_is_422_with_the_numbers(client: TestClient,
@@ -292,6 +298,12 @@ def test_plan_request_with_negative_time_limit_is_rejected(client: TestClient,
 def test_missing_plan_is_404(client: TestClient) -> None:
     response = client.get("/v1/plans/0123abcd")
     assert response.status_code == 404 and response.json()["error"] == "not_found"
+
+
+def test_a_plan_id_that_is_not_hexadecimal_is_404_as_any_unknown_id(client: TestClient) -> None:
+    response = client.get("/v1/plans/not-hex")
+    assert response.status_code == 404, response.text
+    assert response.json()["problems"][0]["path"] == "/v1/plans/not-hex"
 
 
 def test_missing_job_is_404(client: TestClient) -> None:

@@ -126,7 +126,7 @@ def test_rankmap_of_a_file_that_is_not_json_exits_2(tmp_path: Path) -> None:
     path.write_text("{not json")
     result = runner.invoke(app, ["rankmap", str(path)])
     assert result.exit_code == 2
-    assert "not a JSON or YAML document" in result.stderr
+    assert "not valid JSON/YAML" in result.stderr
 
 
 def test_rankmap_of_an_invalid_plan_lists_the_problem(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Hand-worked cases of COST_MODEL.md sections 3 and 4."""
+"""Hand-worked cases of docs/formats.md's time and memory model."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Hand-worked cases of COST_MODEL.md section 6 (interleaved 1F1B, local learning,
+"""Hand-worked cases of the version 1.1 schedules (docs/formats.md) (interleaved 1F1B, local learning,
 recomputation) and one test per validity rule it adds."""
 
 from __future__ import annotations
