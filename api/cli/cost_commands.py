@@ -100,7 +100,7 @@ def _print_frontier(points: list[FleetOutcome], num_fleets: int) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"Pareto frontier: {len(points)} of {num_fleets} fleets planned")
+    table = Table(title=f"Pareto frontier: {len(points)} points from {num_fleets} fleets planned")
     for column in ("samples/s", "USD/hour", "USD/M tokens", "fleet"):
         table.add_column(column)
     for p in points:
@@ -218,8 +218,8 @@ def _print_rows(rows: list[WhatIfRow]) -> None:
     from rich.table import Table
 
     table = Table(title="what-if fleets against the base")
-    for column in ("variant", "GPUs", "samples/s", "change", "USD/hour", "change",
-                   "USD/M tokens", "change"):
+    table.add_column("variant", overflow="fold")
+    for column in ("GPUs", "samples/s", "change", "USD/hour", "change", "USD/M tokens", "change"):
         table.add_column(column)
     for r in rows:
         if r.samples_per_s is None:

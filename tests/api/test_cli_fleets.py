@@ -37,7 +37,7 @@ def test_pareto_json_lists_valid_plans_cheapest_first(scenario_path: Path) -> No
 def test_pareto_table_names_each_fleet(scenario_path: Path) -> None:
     result = runner.invoke(app, ["pareto", str(scenario_path), "--jobs", "1", "--time-limit", "1"])
     assert result.exit_code == 0, result.output
-    assert "3 of 3 fleets planned" in result.stdout and "S 1/1 nodes" in result.stdout
+    assert "3 points from 3 fleets planned" in result.stdout and "S 1/1 nodes" in result.stdout
 
 
 def test_whatif_flags_make_one_variant_against_the_base(scenario_path: Path) -> None:
