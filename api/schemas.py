@@ -14,7 +14,7 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from planner.documents import MAX_BYTES, MAX_GB_PER_S, MAX_GIB, MAX_LATENCY_US, MAX_MS
+from planner.documents import MAX_BYTES, MAX_GB_PER_S, MAX_GIB, MAX_LATENCY_US, MAX_MS, Schedule
 
 __all__ = [
     "NAME_PATTERN", "Name", "GpuTypeCreate", "GpuTypePublic", "ModelCreate", "ModelPublic", "ClusterCreate",
@@ -374,6 +374,17 @@ class PlanOptions(_In):
         default=None, ge=0, le=1e9, description="Budget: USD/hour of the GPUs the plan uses.")
     min_samples_per_s: float | None = Field(
         default=None, ge=0, le=1e12, description="Floor: samples/s the plan must reach.")
+    schedules: list[Annotated[Schedule, Field(strict=False)]] | None = Field(
+        default=None, min_length=1, max_length=len(Schedule),
+        description="Schedules the plan may use (default: the job's own). 'interleaved-1f1b' "
+                    "lets the planner choose virtual stages; 'local' only for a job whose "
+                    "schedule is 'local', and alone.")
+    recompute: bool = Field(
+        default=False, description="Let stages recompute activations where that lets a plan "
+                                   "run larger micro-batches or fit at all.")
+    max_local_blocks: int | None = Field(
+        default=None, ge=1, le=1024,
+        description="Under schedule 'local': the most blocks (stages) per pipeline.")
 
 
 class PlanRequest(ScenarioSource):

@@ -66,6 +66,11 @@ def plan_command(
                                               help="Bearer token for --server.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON summary on stdout "
                                           "(with the plan in it unless -o is given).")] = False,
+    schedules: Annotated[str | None, typer.Option(
+        help="Schedules the plan may use, comma-separated (default: the job's own), e.g. "
+             "1f1b,interleaved-1f1b.")] = None,
+    recompute: Annotated[bool, typer.Option(
+        "--recompute", help="Let stages recompute activations where that helps.")] = False,
     objective: Annotated[str, typer.Option(
         help="throughput (most samples/s) or cost (least USD per million tokens); with cost, "
         "a budget or a floor, sub-fleets are planned, --time-limit each.")] = "throughput",
@@ -80,13 +85,15 @@ def plan_command(
     the plan to stdout or -o; with --json, a JSON summary goes to stdout instead."""
     if output is not None and not output.resolve().parent.is_dir():
         raise fail(f"cannot write {output}: its folder does not exist")  # before a long search
-    goal = _goal(objective, max_usd_per_hour, min_samples_per_s)
     document = load_document(scenario_path)
+    choice = ScheduleChoice(schedules=_schedule_names(schedules), recompute=recompute)
+    goal = _goal(objective, max_usd_per_hour, min_samples_per_s)
     if server is None:
-        plan_document, summary = _plan_locally(document, time_limit_s, goal,
+        plan_document, summary = _plan_locally(document, time_limit_s, choice, goal,
                                                show_progress=not as_json)
     else:
-        plan_document, summary = _plan_on_server(document, time_limit_s, goal, server, token)
+        plan_document, summary = _plan_on_server(document, time_limit_s, choice, goal, server,
+                                                 token)
     if as_json:
         answer = summary.to_json()
         if output is None:
@@ -100,6 +107,33 @@ def plan_command(
     _write_plan(plan_document, output)
 
 
+@dataclass(frozen=True, kw_only=True)
+class ScheduleChoice:
+    """`--schedules` (names, checked) and `--recompute`."""
+
+    schedules: tuple[str, ...]
+    recompute: bool
+
+    def as_request(self) -> dict[str, Any]:
+        chosen: dict[str, Any] = {"recompute": self.recompute} if self.recompute else {}
+        if self.schedules:
+            chosen["schedules"] = list(self.schedules)
+        return chosen
+
+
+def _schedule_names(listed: str | None) -> tuple[str, ...]:
+    """`--schedules` as schedule names, or a clear exit naming the ones known."""
+    from planner.documents import Schedule
+
+    names = tuple(name.strip() for name in (listed or "").split(",") if name.strip())
+    known = [s.value for s in Schedule]
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise typer.BadParameter(f"unknown schedule(s) {list(unknown)}; choose among {known}",
+                                 param_hint="--schedules")
+    return names
+
+
 def _goal(objective: str, max_usd_per_hour: float | None,
           min_samples_per_s: float | None) -> dict[str, Any]:
     """The goal in money as `options` of a plan request (and of `ObjectiveOptions`)."""
@@ -110,21 +144,24 @@ def _goal(objective: str, max_usd_per_hour: float | None,
     return {key: value for key, value in goal.items() if value is not None}
 
 
-def _plan_locally(document: Any, time_limit_s: float, goal: dict[str, Any], *,
-                  show_progress: bool) -> tuple[dict[str, Any], PlanSummary]:
+def _plan_locally(document: Any, time_limit_s: float, choice: ScheduleChoice,
+                  goal: dict[str, Any], *, show_progress: bool
+                  ) -> tuple[dict[str, Any], PlanSummary]:
     from rich.progress import Progress
 
     from planner import PlannerError, parse_scenario
-    from planner.documents import dump_document
+    from planner.documents import Schedule, dump_document
     from planner.fleet import Objective, ObjectiveOptions, plan_with_objective
 
-    options = ObjectiveOptions(time_limit_s=time_limit_s, **{
-        **goal, "objective": Objective(goal["objective"])})
     try:
         scenario = parse_scenario(document)
         with Progress(console=stderr_console(), transient=True,
                       disable=not show_progress) as bar:
             task = bar.add_task("planning", total=1.0)
+            options = ObjectiveOptions(
+                time_limit_s=time_limit_s, recompute=choice.recompute,
+                schedules=tuple(Schedule(n) for n in choice.schedules),
+                **{**goal, "objective": Objective(goal["objective"])})
             result = plan_with_objective(
                 scenario, options,
                 progress=lambda f, msg: bar.update(task, completed=f, description=msg))
@@ -133,13 +170,15 @@ def _plan_locally(document: Any, time_limit_s: float, goal: dict[str, Any], *,
     return dump_document(result.plan), _local_summary(result)
 
 
-def _plan_on_server(document: Any, time_limit_s: float, goal: dict[str, Any], server: str,
+def _plan_on_server(document: Any, time_limit_s: float, choice: ScheduleChoice,
+                    goal: dict[str, Any], server: str,
                     token: str | None) -> tuple[dict[str, Any], PlanSummary]:
     from api.client import HetplanClient, HetplanError
 
     try:
         with HetplanClient(server, token=token, retries=1) as client:
-            answer = client.request_plan({"scenario": document, "options": goal},
+            answer = client.request_plan({"scenario": document,
+                                          "options": {**choice.as_request(), **goal}},
                                          time_limit_s=time_limit_s)
     except HetplanError as error:
         raise fail(f"{server}: {error}") from None

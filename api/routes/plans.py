@@ -73,8 +73,10 @@ async def create(body: Annotated[schemas.PlanRequest, Body(openapi_examples=open
     server's `max_time_limit_s` are capped (`options.time_limit_s` in the answer).
     Beyond `max_inline_solves` running inline searches the answer is 503 with
     `Retry-After`; beyond `max_plan_layers` or `max_plan_gpus`, 422 `scenario_too_large`."""
+    asked = body.options
     options = planning.with_goal(planning.effective_options(
-        body.options.time_limit_s, body.options.exact, settings), body.options)
+        asked.time_limit_s, asked.exact, settings, schedules=asked.schedules or (),
+        recompute=asked.recompute, max_local_blocks=asked.max_local_blocks), asked)
 
     @functools.cache
     def assembled() -> Assembled:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,7 +15,7 @@ from api.errors import ApiError, ScenarioTooLarge, json_safe
 from api.services.scenarios import Assembled
 from api.settings import Settings
 from api.storage import PlanRecord, Store
-from planner.documents import dump_document
+from planner.documents import Schedule, dump_document
 from planner.errors import Problem
 from planner.estimate import with_estimate
 from planner.fleet import Objective, ObjectiveOptions, Solve, plan_with_objective, sub_fleets
@@ -42,13 +42,17 @@ Solver = Callable[[planner.Scenario, planner.SearchOptions, ProgressCallback | N
 
 
 def effective_options(requested_time_limit_s: float | None, exact: bool,
-                      settings: Settings) -> planner.SearchOptions:
-    """The search options actually used: the request's time limit, capped by the server."""
+                      settings: Settings, *, schedules: Sequence[Schedule] = (),
+                      recompute: bool = False,
+                      max_local_blocks: int | None = None) -> planner.SearchOptions:
+    """The search options actually used: the request's time limit, capped by the server,
+    and its schedule choices."""
     limit = requested_time_limit_s or settings.default_time_limit_s
     chosen: dict[str, Any] = {"time_limit_s": min(limit, settings.max_time_limit_s)}
     if exact and "exact" in {f.name for f in dataclasses.fields(planner.SearchOptions)}:
         chosen["exact"] = True
-    return planner.SearchOptions(**chosen)
+    return planner.SearchOptions(**chosen, schedules=tuple(schedules), recompute=recompute,
+                                 max_local_blocks=max_local_blocks)
 
 
 def with_goal(options: planner.SearchOptions,
@@ -148,7 +152,8 @@ def store_result(assembled: Assembled, options: planner.SearchOptions,
         unused_gpus=dict(result.unused_gpus),
         sources=assembled.sources,
         options={"time_limit_s": options.time_limit_s,
-                 "exact": bool(getattr(options, "exact", False)), **_goal(options)},
+                 "exact": bool(getattr(options, "exact", False)),
+                 **_schedule_options(options), **_goal(options)},
         scenario=json_safe(assembled.document),
     )
     store.add_plan(record)
@@ -160,6 +165,19 @@ def _goal(options: planner.SearchOptions) -> dict[str, Any]:
         return {}
     return {"objective": options.objective.value, "max_usd_per_hour": options.max_usd_per_hour,
             "min_samples_per_s": options.min_samples_per_s}
+
+
+def _schedule_options(options: planner.SearchOptions) -> dict[str, Any]:
+    """The schedule choices a request made, recorded only when it made some (older records
+    and plain requests keep their two keys)."""
+    chosen: dict[str, Any] = {}
+    if options.schedules:
+        chosen["schedules"] = [s.value for s in options.schedules]
+    if options.recompute:
+        chosen["recompute"] = True
+    if options.max_local_blocks is not None:
+        chosen["max_local_blocks"] = options.max_local_blocks
+    return chosen
 
 
 def evaluate(assembled: Assembled, plan_document: dict[str, Any]) -> dict[str, Any]:

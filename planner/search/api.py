@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from planner.documents import Plan, Scenario
+from planner.documents import Plan, Scenario, Schedule
 from planner.errors import Infeasible
 from planner.estimate import Evaluation, estimate_section, evaluate
 from planner.search.allocate import Allocation, allocate, pareto, prune
@@ -30,9 +30,22 @@ from planner.search.baselines import baseline_candidates
 from planner.search.diagnose import infeasibility_reason, no_plan_reason
 from planner.search.drafts import Candidate, Draft, best_realized, draft
 from planner.search.exact import TooLargeForExact, check_size, exact_optimum
-from planner.search.launchers import best_for_launcher, check_launcher, launcher_candidates
+from planner.search.launchers import (
+    best_for_launcher,
+    check_launcher,
+    launcher_candidates,
+    runnable_by,
+)
 from planner.search.polish import polish_splits
 from planner.search.refine import rebalance
+from planner.search.schedules import (
+    LOCAL_TRAINING_NOTE,
+    allowed_schedules,
+    base_scenario,
+    common_blocks,
+    schedule_variants,
+    within_block_cap,
+)
 from planner.search.tables import ScenarioTables, compile_tables
 from planner.search.templates import PipelineTemplate, generate_templates
 from planner.space_bound import SpaceBound, space_bound
@@ -46,6 +59,9 @@ EXACT_SHARE = 0.8
 """Share of the time limit the default search gives exact enumeration on small scenarios."""
 QUICK_SLACK = 1.1
 """Finalists whose quick estimate exceeds the best simulated time by more are not judged."""
+VARIANT_SHARE = 0.25
+"""Share of the search's time so far that building and judging schedule variants may add."""
+VARIANT_MIN_S = 0.2
 
 ProgressCallback = Callable[[float, str], None]
 """Called with (fraction done in [0, 1], what the search is doing)."""
@@ -77,6 +93,22 @@ class SearchOptions:
     parallel_allocations: int = 2
     """Allocation runs (pipeline caps, sync subsets) solved at once in threads; CP-SAT
     releases the GIL while it solves. The plan is the same for any value."""
+    schedules: tuple[Schedule, ...] = ()
+    """Schedules the plan may use; empty: the job's own. With `interleaved-1f1b` the search
+    tries virtual stages (2 to 4 chunks per stage) on its best plans. `local` may be given
+    only for a job whose schedule is `local`, and only alone."""
+    recompute: bool = False
+    """Let stages recompute activations (keep only each micro-batch's input) where that lets
+    a plan run larger micro-batches or fit at all."""
+    max_local_blocks: int | None = None
+    """Under `local`, the most blocks (stages) a pipeline may have: local learning loses
+    accuracy as blocks multiply, so the user sets it. None: no cap."""
+
+    def __post_init__(self) -> None:
+        if self.max_local_blocks is not None and self.max_local_blocks < 1:
+            raise ValueError(f"max_local_blocks is {self.max_local_blocks}; it must be at least "
+                             "1 (one block is plain data parallelism) or None for no cap")
+        object.__setattr__(self, "schedules", tuple(Schedule(s) for s in self.schedules))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -139,28 +171,40 @@ def _plan(
     started = time.monotonic()
     report = progress or (lambda fraction, message: None)
     report(0.0, "compiling cost tables")
+    allowed = allowed_schedules(scenario, options.schedules)
+    local = scenario.job.schedule is Schedule.LOCAL
     if options.exact:
+        if local:
+            raise TooLargeForExact(
+                "exact mode enumerates pipelines each with its own layer split, which schedule "
+                "'local' forbids (every pipeline shares its blocks): plan this job without "
+                "exact mode")
         check_size(scenario)  # refused before anything is built
     if options.launcher is not None:
         check_launcher(options.launcher)
-    tables = compile_tables(scenario)
+    # An interleaved job is searched as 1F1B (v = 1), its chunks chosen afterwards.
+    searched = base_scenario(scenario)
+    tables = compile_tables(searched)
     _check_feasible(tables)
     report(0.05, "building pipeline templates")
-    templates = generate_templates(tables, scenario.job.schedule)
-    if scenario.job.zero_stage >= 1:
+    templates = generate_templates(tables, searched.job.schedule)
+    if searched.job.zero_stage >= 1:
         # Sharded state fits deeper into memory once there are several pipelines: a second
         # pass sizes homogeneous pipelines for eight (the two-segment ones stay sized for
         # one, valid at any count; sharded copies of them changed no plan and doubled the
         # templates). Splits that memory did not bind come out the same: kept once.
         known = {t.signature for t in templates}
-        templates += [t for t in generate_templates(tables, scenario.job.schedule,
+        templates += [t for t in generate_templates(tables, searched.job.schedule,
                                                     num_pipelines_hint=8, two_segment=False)
                       if t.signature not in known]
+    max_blocks = options.max_local_blocks if local else None
+    if max_blocks is not None:
+        templates = [t for t in templates if len(t.stages) <= max_blocks]
     templates = pareto(prune(templates), [c.key for c in tables.classes], num_pipelines=8)
     # The baselines need no allocation: built and judged on the side, they take turns with
     # it for the interpreter and run while CP-SAT solves (which releases it).
     with ThreadPoolExecutor(max_workers=1) as side:
-        baselines_ready = side.submit(_judged_baselines, scenario, tables, templates)
+        baselines_ready = side.submit(_judged_baselines, searched, tables, templates)
         report(0.3, f"allocating GPUs over {len(templates)} pipeline templates")
         candidates, proven = _allocation_candidates(tables, templates, options, started, report)
         # Identical replicas of one template, at each count that splits the batch evenly:
@@ -169,28 +213,74 @@ def _plan(
         report(0.7, "building baselines")
         baselines = baselines_ready.result()
     candidates.extend(c for group in baselines.values() for c, _ in group)
+    if local:
+        # Only plans whose pipelines share their blocks are valid: give them one split.
+        candidates = common_blocks(tables, sorted(candidates, key=lambda c: c.quick_s)
+                                   [:2 * options.finalists], max_blocks)
     # The allocation is proven only within its own model (templates, caps), never globally.
     status = PlanStatus.FEASIBLE if proven else PlanStatus.HEURISTIC
     report(0.8, f"judging {min(len(candidates), options.finalists)} finalists")
-    best, evaluation, baseline_rates = _judge(scenario, candidates, baselines, options)
+    admissible = None if max_blocks is None else (
+        lambda plan_doc: within_block_cap(plan_doc, max_blocks))
+    best, evaluation, baseline_rates, runners_up = _judge(searched, candidates, baselines,
+                                                          options, admissible)
     if options.launcher is not None:
         report(0.9, f"restricting to what {options.launcher} runs")
         if best is not None:
             candidates.append(best)
-        best, evaluation = best_for_launcher(scenario, options.launcher, candidates,
+        best, evaluation = best_for_launcher(searched, options.launcher, candidates,
                                              options.finalists)
-    elif options.exact or (options.enumerate_small and _small_enough(scenario)):
-        best, evaluation, status = _exact(scenario, best, evaluation, status, options, started,
+        runners_up = []
+    elif not local and (options.exact or (options.enumerate_small and _small_enough(searched))):
+        best, evaluation, status = _exact(searched, best, evaluation, status, options, started,
                                           report)
+    if best is not None and evaluation is not None and _widened(searched, allowed, options):
+        report(0.95, "trying other schedules on the best plans")
+        bases = [(best, evaluation)] + [j for j in runners_up if j[0] is not best]
+        # Variants are judged one full evaluation each: they get a share of the time the
+        # search took, so allowing schedules costs planning time in proportion.
+        now = time.monotonic()
+        deadline = min(started + options.time_limit_s,
+                       now + max(VARIANT_MIN_S, VARIANT_SHARE * (now - started)))
+        varied = schedule_variants(scenario, tables, bases, allowed, recompute=options.recompute,
+                                   deadline=deadline)
+        # An interleaved job's plan must take a variant: the search planned it as 1F1B.
+        must_change = _plan_schedule(best.plan, searched) not in allowed
+        if varied is not None and options.launcher is not None and not runnable_by(
+                scenario, options.launcher, varied[0].plan):
+            varied = None  # the named launcher could not run it
+        if varied is not None and (must_change or (varied[1].iteration_s or math.inf)
+                                   < (evaluation.iteration_s or math.inf)):
+            best, evaluation = varied
+            if status is PlanStatus.OPTIMAL:  # proven among the searched schedule's plans only
+                status = PlanStatus.HEURISTIC
     if best is None or evaluation is None:
-        raise Infeasible(no_plan_reason(tables))
+        raise Infeasible(_local_reason(options) if local else no_plan_reason(tables))
     wall_s = time.monotonic() - started
     unused = _unused_gpus(tables, best.plan)
     document = _annotate(best, evaluation, status, wall_s, unused, baseline_rates,
-                         space_bound(scenario))
+                         space_bound(searched), training=LOCAL_TRAINING_NOTE if local else None)
     report(1.0, "done")
     return PlanResult(plan=document, evaluation=evaluation, status=status, wall_s=wall_s,
                       unused_gpus=unused, baselines=baseline_rates)
+
+
+def _local_reason(options: SearchOptions) -> str:
+    cap = options.max_local_blocks
+    return ("no plan found under schedule 'local' whose pipelines share one set of blocks"
+            + ("" if cap is None else f" of at most {cap} block(s) (max_local_blocks)")
+            + " and fit in memory with the head on every block but the last; "
+            + ("raise max_local_blocks, " if cap is not None else "")
+            + "add GPUs or memory, or profile smaller micro-batches")
+
+
+def _plan_schedule(plan_doc: Plan, scenario: Scenario) -> Schedule:
+    return plan_doc.schedule or scenario.job.schedule
+
+
+def _widened(scenario: Scenario, allowed: tuple[Schedule, ...], options: SearchOptions) -> bool:
+    """Whether the plan may use more than the searched schedule, or recomputation."""
+    return options.recompute or allowed != (scenario.job.schedule,)
 
 
 def _small_enough(scenario: Scenario) -> bool:
@@ -366,7 +456,11 @@ def _judge(
     candidates: list[Candidate],
     baselines: dict[str, Judged],
     options: SearchOptions,
-) -> tuple[Candidate | None, Evaluation | None, dict[str, float | None]]:
+    admissible: Callable[[Plan], bool] | None = None,
+) -> tuple[Candidate | None, Evaluation | None, dict[str, float | None],
+           list[tuple[Candidate, Evaluation]]]:
+    """The best valid plan (its batch shares and split then refined), each baseline's rate,
+    and the runners-up, best first. `admissible` rules plans out beyond validity."""
     known = {id(c): e for group in baselines.values() for c, e in group if e is not None}
     finalists = _judge_group(scenario, candidates, options.finalists, known)
     valid: list[tuple[float, Candidate, Evaluation]] = []
@@ -375,7 +469,8 @@ def _judge(
         if evaluation is None or id(candidate) in seen:
             continue
         seen.add(id(candidate))
-        if evaluation.valid and evaluation.iteration_s is not None:
+        if evaluation.valid and evaluation.iteration_s is not None and (
+                admissible is None or admissible(candidate.plan)):
             valid.append((evaluation.iteration_s, candidate, evaluation))
     valid.sort(key=lambda v: v[0])
     for _, candidate, evaluation in valid[:REFINED]:
@@ -403,7 +498,8 @@ def _judge(
         values = [e.samples_per_s for c, _ in group
                   if (e := known.get(id(c))) is not None and e.valid and e.samples_per_s is not None]
         rates[name] = max(values, default=None)
-    return best, best_eval, rates
+    valid.sort(key=lambda v: v[0])
+    return best, best_eval, rates, [(c, e) for _, c, e in valid]
 
 
 def _unused_gpus(tables: ScenarioTables, plan_doc: Plan) -> dict[str, str]:
@@ -427,6 +523,8 @@ def _annotate(
     unused: dict[str, str],
     baselines: dict[str, float | None],
     space: SpaceBound | None,
+    *,
+    training: str | None = None,
 ) -> Plan:
     estimate: dict[str, Any] = estimate_section(evaluation)
     bound = evaluation.compute_bound_iteration_s
@@ -446,4 +544,6 @@ def _annotate(
         "gap_to_upper_bound": None if space is None or evaluation.samples_per_s is None
         else 1.0 - evaluation.samples_per_s / space.samples_per_s,
     }
+    if training is not None:
+        search["training"] = training  # what the plan's schedule trains, when not end to end
     return best.plan.model_copy(update={"estimate": estimate, "search": search})

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from planner.documents import Scenario
+from planner.documents import Plan, Scenario
 from planner.errors import Infeasible
 from planner.estimate import Evaluation, evaluate
 from planner.export import FORMATS, expressible, format_options, scenario_options
@@ -56,6 +56,14 @@ def _grid_drafts(tables: ScenarioTables, templates: Sequence[PipelineTemplate]
     ranked.sort(key=lambda r: r[0])
     for _, count, template in ranked[:GRID_DRAFTS]:
         yield identical_draft(tables, template, count, "identical pipelines")
+
+
+def runnable_by(scenario: Scenario, launcher: str, plan: Plan) -> bool:
+    """Whether the launcher format can run `plan` (interleaving or local learning, say,
+    are beyond some)."""
+    known = format_options(launcher)
+    options = {k: v for k, v in scenario_options(scenario).items() if k in known}
+    return expressible(plan, launcher, **options) is None
 
 
 def best_for_launcher(

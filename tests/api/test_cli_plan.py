@@ -114,3 +114,21 @@ def test_evaluate_summary_shows_chunks_recomputation_and_the_local_warning() -> 
                           terminal_width=400)
     assert local.exit_code == 0, local.output
     assert "not end-to-end backpropagation" in local.output
+
+
+def test_plan_with_schedules_and_recompute_gives_a_valid_plan_of_an_allowed_schedule(
+        tmp_path: Path) -> None:
+    out = tmp_path / "plan.json"
+    result = runner.invoke(app, ["plan", str(SCENARIO), "-o", str(out), "--time-limit", "2",
+                                 "--schedules", "1f1b,interleaved-1f1b", "--recompute"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(out.read_text())
+    assert document["schedule"] in {"1f1b", "interleaved-1f1b"}
+    check = runner.invoke(app, ["evaluate", str(SCENARIO), str(out), "--json"])
+    assert check.exit_code == 0, check.output
+
+
+def test_plan_with_an_unknown_schedule_names_the_known_ones() -> None:
+    result = runner.invoke(app, ["plan", str(SCENARIO), "--schedules", "1f1b,zb-v"])
+    assert result.exit_code == 2
+    assert "zb-v" in result.output and "interleaved-1f1b" in result.output

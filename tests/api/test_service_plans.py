@@ -4,6 +4,7 @@ evaluation, export, and the error paths of plan requests."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import threading
 import time
@@ -16,6 +17,7 @@ import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
 import planner
+from planner.documents import Schedule
 from planner.search import PlanResult
 from tests.api.conftest import MakeClient, fixed_solver, register_catalogue
 
@@ -542,3 +544,40 @@ def test_job_finishes_through_a_database_blip_on_its_status_writes(
     job = client.post("/v1/plans?job=true", json={"scenario": scenario}).json()
     assert wait_job(client, job["id"], timeout_s=15)["status"] == "succeeded"
     assert failures == [0]
+
+
+def test_plan_request_passes_its_schedule_options_to_the_search(
+        make_client: MakeClient, scenario: dict[str, Any]) -> None:
+    seen: list[planner.SearchOptions] = []
+
+    def solve(scenario_doc: planner.Scenario, options: planner.SearchOptions,
+              progress: Any) -> PlanResult:
+        seen.append(options)
+        return planner.plan(scenario_doc, dataclasses.replace(options, time_limit_s=1))
+
+    client = make_client(solver=solve)
+    response = client.post("/v1/plans", json={"scenario": scenario, "options": {
+        "time_limit_s": 1, "schedules": ["1f1b", "interleaved-1f1b"], "recompute": True}})
+    assert response.status_code == 201, response.text
+    assert seen[0].schedules == (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B)
+    assert seen[0].recompute is True and seen[0].max_local_blocks is None
+    assert response.json()["options"] == {"time_limit_s": 1, "exact": False,
+                                          "schedules": ["1f1b", "interleaved-1f1b"],
+                                          "recompute": True}
+    assert response.json()["evaluation"]["valid"] is True
+
+
+def test_plan_request_allowing_local_for_a_job_that_is_not_local_is_422(
+        client: TestClient, scenario: dict[str, Any]) -> None:
+    response = client.post("/v1/plans", json={"scenario": scenario, "options": {
+        "time_limit_s": 1, "schedules": ["local"]}})
+    assert response.status_code == 422, response.text
+    assert "only a job whose schedule is 'local'" in response.json()["message"]
+
+
+def test_plan_request_with_an_unknown_schedule_is_rejected(client: TestClient,
+                                                           scenario: dict[str, Any]) -> None:
+    response = client.post("/v1/plans", json={"scenario": scenario, "options": {
+        "time_limit_s": 1, "schedules": ["zero-bubble"]}})
+    assert response.status_code == 422
+    assert response.json()["problems"][0]["path"].startswith("options.schedules")

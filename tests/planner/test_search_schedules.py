@@ -1,0 +1,261 @@
+"""The search with schedules beyond the job's: interleaving, recomputation, local learning."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from planner import SearchOptions, evaluate, parse_scenario, plan
+from planner.documents import Plan, Schedule
+from planner.errors import Infeasible, InvalidScenario
+from planner.search import api as search_api
+from planner.search.drafts import Candidate
+from planner.search.exact import TooLargeForExact
+from planner.search.schedules import (
+    LOCAL_TRAINING_NOTE,
+    _micro_batches_for_interleaving,
+    common_blocks,
+    schedule_variants,
+)
+from planner.search.tables import compile_tables
+from tests.planner.scenarios import deep
+
+SCENARIOS = Path(__file__).parents[1] / "data" / "scenarios"
+QUICK = 3.0  # seconds: these scenarios are small
+
+
+def memory_bound_deep(num_layers: int, **job: Any) -> dict[str, Any]:
+    """`deep` with 2e8 parameters per layer: at 18 bytes of state per parameter a 10 GiB GPU
+    holds two layers, so 16 layers need a pipeline of 8 stages on the 8 GPUs."""
+    doc = deep(num_layers, **job)
+    doc["model"]["kinds"]["b"]["params"] = 200_000_000
+    return doc
+
+
+def two_types(num_layers: int, **job: Any) -> dict[str, Any]:
+    """`deep` on one node of G and one of H, H twice as fast for every kind."""
+    doc = deep(num_layers, **job)
+    doc["gpu_types"]["H"] = {"memory_gib": 10}
+    doc["cluster"]["nodes"][1]["gpu_type"] = "H"
+    doc["cluster"]["intra_node"]["H"] = doc["cluster"]["intra_node"]["G"]
+    doc["profiles"] += [dict(row, gpu_type="H", forward_ms=row["forward_ms"] / 2,
+                             backward_ms=row["backward_ms"] / 2) for row in doc["profiles"]]
+    return doc
+
+
+def chunk_counts(plan_doc: Plan) -> set[int]:
+    return {stage.num_chunks for p in plan_doc.pipelines for stage in p.stages}
+
+
+def test_interleaving_wins_on_a_deep_pipeline_with_few_micro_batches() -> None:
+    scenario = parse_scenario(memory_bound_deep(16, global_batch_size=8))
+    plain = plan(scenario, SearchOptions(time_limit_s=QUICK))
+    assert [len(p.stages) for p in plain.plan.pipelines] == [8]  # memory allows no less
+    allowed = plan(scenario, SearchOptions(
+        time_limit_s=QUICK, schedules=(Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B)))
+    assert allowed.plan.schedule is Schedule.INTERLEAVED_1F1B
+    assert max(chunk_counts(allowed.plan)) >= 2
+    # Judged again from the document alone: valid, and faster than the 1F1B plan.
+    again = evaluate(scenario, allowed.plan)
+    assert again.valid, again.errors
+    assert again.iteration_s == pytest.approx(allowed.evaluation.iteration_s)
+    assert again.iteration_s < plain.evaluation.iteration_s * 0.9
+
+
+def test_an_interleaved_job_gets_a_valid_interleaved_plan() -> None:
+    scenario = parse_scenario(memory_bound_deep(16, global_batch_size=8,
+                                                schedule="interleaved-1f1b"))
+    result = plan(scenario, SearchOptions(time_limit_s=QUICK))
+    assert result.plan.schedule is Schedule.INTERLEAVED_1F1B
+    assert evaluate(scenario, result.plan).valid
+
+
+def recompute_tight(**job: Any) -> dict[str, Any]:
+    """`deep(2)` profiled at micro-batch 4 too: 1.5x the time of micro-batch 1 (2.7x the
+    samples per second) but 6e9 activation bytes per layer, so that a stage holding both
+    layers, or one layer for two micro-batches in flight, overflows 10 GiB unless it
+    recomputes (then it keeps one layer's activations and the inputs)."""
+    doc = deep(2, **job)
+    doc["profiles"].append({"gpu_type": "G", "kind": "b", "micro_batch": 4, "tp": 1,
+                            "forward_ms": 1.5, "backward_ms": 3.0,
+                            "activation_bytes": 6_000_000_000})
+    doc["profiles"].append({"gpu_type": "G", "kind": "h", "micro_batch": 4, "tp": 1,
+                            "forward_ms": 0.5, "backward_ms": 0.5, "activation_bytes": 500_000})
+    return doc
+
+
+def test_recomputation_wins_when_it_lets_micro_batches_grow() -> None:
+    scenario = parse_scenario(recompute_tight(global_batch_size=32))
+    plain = plan(scenario, SearchOptions(time_limit_s=QUICK))
+    assert {p.micro_batch_size for p in plain.plan.pipelines} == {1}  # b = 4 fits nowhere
+    allowed = plan(scenario, SearchOptions(time_limit_s=QUICK, recompute=True))
+    recomputing = [s for p in allowed.plan.pipelines for s in p.stages if s.recompute]
+    assert recomputing
+    assert {p.micro_batch_size for p in allowed.plan.pipelines} == {4}
+    again = evaluate(scenario, allowed.plan)
+    assert again.valid, again.errors
+    assert again.iteration_s < plain.evaluation.iteration_s * 0.8
+    # Without recomputation the same plan overflows memory.
+    plain_stages = Plan.model_validate(json.loads(allowed.plan.model_dump_json().replace(
+        '"recompute":true', '"recompute":false')))
+    assert not evaluate(scenario, plain_stages).valid
+
+
+@pytest.mark.parametrize("max_blocks", [1, 2, 3, None])
+def test_local_plans_share_their_blocks_and_respect_the_block_cap(max_blocks: int | None) -> None:
+    scenario = parse_scenario(two_types(8, global_batch_size=16, schedule="local",
+                                        local_head_kind="h"))
+    result = plan(scenario, SearchOptions(time_limit_s=QUICK, max_local_blocks=max_blocks))
+    pipelines = result.plan.pipelines
+    blocks = {tuple(s.layers for s in p.stages) for p in pipelines}
+    assert len(blocks) == 1
+    assert max_blocks is None or len(pipelines[0].stages) <= max_blocks
+    assert result.plan.schedule is Schedule.LOCAL
+    assert result.plan.search["training"] == LOCAL_TRAINING_NOTE  # type: ignore[attr-defined]
+    assert evaluate(scenario, result.plan).valid
+
+
+def test_local_blocks_are_shared_where_the_fastest_types_would_split_differently() -> None:
+    """Memory-bound layers on two speeds: each type alone would cut elsewhere; the plan
+    keeps one cut for both and stays valid."""
+    doc = two_types(16, global_batch_size=8, schedule="local", local_head_kind="h")
+    doc["model"]["kinds"]["b"]["params"] = 200_000_000
+    scenario = parse_scenario(doc)
+    result = plan(scenario, SearchOptions(time_limit_s=QUICK))
+    assert len({tuple(s.layers for s in p.stages) for p in result.plan.pipelines}) == 1
+    assert evaluate(scenario, result.plan).valid
+
+
+def test_local_in_the_options_of_a_job_that_is_not_local_is_refused() -> None:
+    scenario = parse_scenario(deep(4, global_batch_size=8, local_head_kind="h"))
+    with pytest.raises(InvalidScenario, match="only a job whose schedule is 'local'"):
+        plan(scenario, SearchOptions(schedules=(Schedule.LOCAL,)))
+
+
+def test_end_to_end_schedules_for_a_local_job_are_refused() -> None:
+    scenario = parse_scenario(deep(4, global_batch_size=8, schedule="local",
+                                   local_head_kind="h"))
+    with pytest.raises(InvalidScenario, match="allow only 'local'"):
+        plan(scenario, SearchOptions(schedules=(Schedule.LOCAL, Schedule.ONE_F_ONE_B)))
+
+
+def test_exact_mode_refuses_a_local_job() -> None:
+    scenario = parse_scenario(deep(4, global_batch_size=8, schedule="local",
+                                   local_head_kind="h"))
+    with pytest.raises(TooLargeForExact, match="'local'"):
+        plan(scenario, SearchOptions(exact=True))
+
+
+def test_a_block_cap_below_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="max_local_blocks is 0"):
+        SearchOptions(max_local_blocks=0)
+
+
+def test_naming_the_jobs_own_schedule_leaves_the_plan_unchanged(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The default search never builds variants: 1F1B plans are the search's own."""
+    def no_variants(*args: object, **kwargs: object) -> None:
+        raise AssertionError("schedule variants built for a search that allows none")
+
+    monkeypatch.setattr(search_api, "schedule_variants", no_variants)
+    scenario = parse_scenario(json.loads((SCENARIOS / "a80x16-v32x16-gpt1.3b.json").read_text()))
+    default = plan(scenario, SearchOptions(time_limit_s=QUICK))
+    named = plan(scenario, SearchOptions(time_limit_s=QUICK, schedules=(Schedule.ONE_F_ONE_B,)))
+    assert named.plan.pipelines == default.plan.pipelines
+    assert named.plan.schedule == default.plan.schedule
+
+
+def test_common_blocks_cut_where_the_slowest_pipeline_balances_with_its_head() -> None:
+    """Two 2-stage pipelines, one on G and one on H (twice as fast), 8 layers of 3 ms per
+    micro-batch on G, 2 micro-batches each. The slowest stage over both pipelines is G's:
+    with n layers on stage 0 it takes 2 * (3n + 1) ms (the head's 1 ms counted), stage 1
+    2 * 3 * (8 - n) ms: n = 4 gives max(26, 24), n = 3 gives max(20, 30), so [0, 4, 8]
+    although each pipeline's own split was different."""
+    scenario = parse_scenario(two_types(8, global_batch_size=4, schedule="local",
+                                        local_head_kind="h"))
+
+    def pipeline(gpu_type: str, node: str, cut: int) -> dict[str, Any]:
+        return {"micro_batch_size": 1, "num_micro_batches": 2, "stages": [
+            {"gpu_type": gpu_type, "tp": 1, "gpus": [f"{node}:0"], "layers": [0, cut]},
+            {"gpu_type": gpu_type, "tp": 1, "gpus": [f"{node}:1"], "layers": [cut, 8]}]}
+
+    uneven = Plan.model_validate({"format": "hetplan-plan/1", "schedule": "local", "pipelines": [
+        pipeline("G", "n0", 2), pipeline("H", "n1", 6)]})
+    assert not evaluate(scenario, uneven).valid  # the blocks differ
+    [shared] = common_blocks(compile_tables(scenario),
+                             [Candidate.of(uneven, quick_s=1.0, origin="hand-made")], None)
+    assert [[s.layers for s in p.stages] for p in shared.plan.pipelines] == [
+        [(0, 4), (4, 8)], [(0, 4), (4, 8)]]
+    assert evaluate(scenario, shared.plan).valid
+    assert common_blocks(compile_tables(scenario),
+                         [Candidate.of(uneven, quick_s=1.0, origin="hand-made")], 1) == []
+
+
+def two_stages_of_four_layers() -> Plan:
+    """A 1F1B plan on `deep(8)`: one pipeline, stages [0, 4) and [4, 8), 2 micro-batches."""
+    return Plan.model_validate({"format": "hetplan-plan/1", "schedule": "1f1b", "pipelines": [{
+        "micro_batch_size": 1, "num_micro_batches": 2, "stages": [
+            {"gpu_type": "G", "tp": 1, "gpus": ["n0:0"], "layers": [0, 4]},
+            {"gpu_type": "G", "tp": 1, "gpus": ["n0:1"], "layers": [4, 8]}]}]})
+
+
+def test_interleaving_lays_out_each_stages_chunks_in_model_order() -> None:
+    """Two stages of 4 uniform layers each, v = 2: chunk j of stage s is model chunk
+    2j + s, two layers each, so stage 0 holds [0, 2) and [4, 6)."""
+    scenario = parse_scenario(deep(8, global_batch_size=2))
+    base = two_stages_of_four_layers()
+    found = schedule_variants(
+        scenario, compile_tables(scenario),
+        [(Candidate.of(base, quick_s=1.0, origin="hand-made"), evaluate(scenario, base))],
+        (Schedule.INTERLEAVED_1F1B,), recompute=False, deadline=math.inf)
+    assert found is not None
+    [pipeline] = found[0].plan.pipelines
+    v = pipeline.stages[0].num_chunks
+    size = 4 // v  # layers per chunk
+    assert v >= 2 and found[1].iteration_s < evaluate(scenario, base).iteration_s
+    for s, stage in enumerate(pipeline.stages):
+        starts = [(j * 2 + s) * size for j in range(v)]
+        assert stage.ranges == [(a, a + size) for a in starts]
+    assert found[1].valid
+
+
+def test_micro_batches_round_to_the_depth_and_the_shallowest_pipeline_takes_the_rest() -> None:
+    """A 4-stage pipeline of 7 micro-batches rounds to 8 (3 of 4 past the lower multiple);
+    the 2-stage one, shallowest, gives up the sample: 5 - 1 = 4. The batch stays 12."""
+    def pipeline(node: str, depth: int, m: int) -> dict[str, Any]:
+        return {"micro_batch_size": 1, "num_micro_batches": m, "stages": [
+            {"gpu_type": "G", "tp": 1, "gpus": [f"{node}:{s}"], "layers": [s, s + 1]}
+            for s in range(depth)]}
+
+    plan_doc = Plan.model_validate({"format": "hetplan-plan/1", "pipelines": [
+        pipeline("n0", 4, 7), pipeline("n1", 2, 5)]})
+    rounded = _micro_batches_for_interleaving(plan_doc)
+    assert rounded is not None
+    assert [p.num_micro_batches for p in rounded.pipelines] == [8, 4]
+    already = plan_doc.model_copy(update={"pipelines": [
+        plan_doc.pipelines[0].model_copy(update={"num_micro_batches": 8}),
+        plan_doc.pipelines[1]]})
+    assert _micro_batches_for_interleaving(already) is None  # nothing to round
+
+
+def test_a_block_cap_too_low_for_memory_names_the_cap() -> None:
+    """16 layers of 2e8 parameters need 8 blocks on 10 GiB GPUs: a cap of 2 leaves none."""
+    doc = memory_bound_deep(16, global_batch_size=8, schedule="local", local_head_kind="h")
+    with pytest.raises(Infeasible, match=r"at most 2 block\(s\) \(max_local_blocks\)"):
+        plan(parse_scenario(doc), SearchOptions(time_limit_s=QUICK, max_local_blocks=2))
+
+
+def test_past_its_deadline_the_variant_step_still_gives_a_plan_of_an_allowed_schedule() -> None:
+    scenario = parse_scenario(deep(8, global_batch_size=2, schedule="interleaved-1f1b"))
+    base = two_stages_of_four_layers()
+    found = schedule_variants(
+        scenario, compile_tables(scenario),
+        [(Candidate.of(base, quick_s=1.0, origin="hand-made"), evaluate(scenario, base))],
+        (Schedule.INTERLEAVED_1F1B,), recompute=False, deadline=0.0)
+    assert found is not None and found[0].plan.schedule is Schedule.INTERLEAVED_1F1B
+    assert found[1].valid
