@@ -63,7 +63,8 @@ class MetricsMiddleware:
         try:
             await self.app(scope, receive, send_and_record)
         finally:
-            route = getattr(scope.get("route"), "path", _UNMATCHED)
+            # path_format: the template without convertors (`{plan_id}`, not `{plan_id:hexid}`)
+            route = getattr(scope.get("route"), "path_format", _UNMATCHED)
             method = scope["method"] if scope["method"] in _METHODS else "other"
             self.metrics.requests.labels(method=method, route=route, status=str(status)).inc()
             self.metrics.latency.labels(method=method, route=route).observe(

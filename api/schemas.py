@@ -366,6 +366,14 @@ class PlanOptions(_In):
         default=None, gt=0, le=86_400,
         description="Solver wall-clock budget; capped by the server's max_time_limit_s.")
     exact: bool = Field(default=False, description="Prove the optimum on small scenarios.")
+    objective: Literal["throughput", "cost"] = Field(
+        default="throughput", description="throughput: most samples/s; cost: least USD per "
+        "million tokens. With a cost goal the answer may leave whole GPU types or nodes out "
+        "(planned over sub-fleets; time_limit_s is then per sub-fleet).")
+    max_usd_per_hour: float | None = Field(
+        default=None, ge=0, le=1e9, description="Budget: USD/hour of the GPUs the plan uses.")
+    min_samples_per_s: float | None = Field(
+        default=None, ge=0, le=1e12, description="Floor: samples/s the plan must reach.")
     schedules: list[Annotated[Schedule, Field(strict=False)]] | None = Field(
         default=None, min_length=1, max_length=len(Schedule),
         description="Schedules the plan may use (default: the job's own). 'interleaved-1f1b' "

@@ -17,6 +17,7 @@ import typer
 from typer.core import TyperGroup
 
 from api.cli import (
+    cost_commands,
     launch_commands,
     plan_commands,
     profile_commands,
@@ -83,7 +84,7 @@ def _root(
 
 
 for family in (plan_commands, service_commands, profile_commands, launch_commands,
-               schema_commands, show_commands):
+               schema_commands, show_commands, cost_commands):
     family.register(app)
 
 

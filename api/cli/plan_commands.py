@@ -71,6 +71,13 @@ def plan_command(
              "1f1b,interleaved-1f1b.")] = None,
     recompute: Annotated[bool, typer.Option(
         "--recompute", help="Let stages recompute activations where that helps.")] = False,
+    objective: Annotated[str, typer.Option(
+        help="throughput (most samples/s) or cost (least USD per million tokens); with cost, "
+        "a budget or a floor, sub-fleets are planned, --time-limit each.")] = "throughput",
+    max_usd_per_hour: Annotated[float | None, typer.Option(
+        min=0, help="Budget: USD/hour of the GPUs the plan uses.")] = None,
+    min_samples_per_s: Annotated[float | None, typer.Option(
+        min=0, help="Floor: samples/s the plan must reach.")] = None,
 ) -> None:
     """Find the best plan for a scenario and print a summary.
 
@@ -80,11 +87,13 @@ def plan_command(
         raise fail(f"cannot write {output}: its folder does not exist")  # before a long search
     document = load_document(scenario_path)
     choice = ScheduleChoice(schedules=_schedule_names(schedules), recompute=recompute)
+    goal = _goal(objective, max_usd_per_hour, min_samples_per_s)
     if server is None:
-        plan_document, summary = _plan_locally(document, time_limit_s, choice,
+        plan_document, summary = _plan_locally(document, time_limit_s, choice, goal,
                                                show_progress=not as_json)
     else:
-        plan_document, summary = _plan_on_server(document, time_limit_s, choice, server, token)
+        plan_document, summary = _plan_on_server(document, time_limit_s, choice, goal, server,
+                                                 token)
     if as_json:
         answer = summary.to_json()
         if output is None:
@@ -125,34 +134,51 @@ def _schedule_names(listed: str | None) -> tuple[str, ...]:
     return names
 
 
-def _plan_locally(document: Any, time_limit_s: float, choice: ScheduleChoice, *,
-                  show_progress: bool) -> tuple[dict[str, Any], PlanSummary]:
+def _goal(objective: str, max_usd_per_hour: float | None,
+          min_samples_per_s: float | None) -> dict[str, Any]:
+    """The goal in money as `options` of a plan request (and of `ObjectiveOptions`)."""
+    if objective not in ("throughput", "cost"):
+        raise fail(f"--objective {objective!r}: expected one of throughput, cost")
+    goal = {"objective": objective, "max_usd_per_hour": max_usd_per_hour,
+            "min_samples_per_s": min_samples_per_s}
+    return {key: value for key, value in goal.items() if value is not None}
+
+
+def _plan_locally(document: Any, time_limit_s: float, choice: ScheduleChoice,
+                  goal: dict[str, Any], *, show_progress: bool
+                  ) -> tuple[dict[str, Any], PlanSummary]:
     from rich.progress import Progress
 
-    from planner import PlannerError, SearchOptions, parse_scenario, plan
+    from planner import PlannerError, parse_scenario
     from planner.documents import Schedule, dump_document
+    from planner.fleet import Objective, ObjectiveOptions, plan_with_objective
 
     try:
         scenario = parse_scenario(document)
         with Progress(console=stderr_console(), transient=True,
                       disable=not show_progress) as bar:
             task = bar.add_task("planning", total=1.0)
-            options = SearchOptions(time_limit_s=time_limit_s, recompute=choice.recompute,
-                                    schedules=tuple(Schedule(n) for n in choice.schedules))
-            result = plan(scenario, options,
-                          progress=lambda f, msg: bar.update(task, completed=f, description=msg))
+            options = ObjectiveOptions(
+                time_limit_s=time_limit_s, recompute=choice.recompute,
+                schedules=tuple(Schedule(n) for n in choice.schedules),
+                **{**goal, "objective": Objective(goal["objective"])})
+            result = plan_with_objective(
+                scenario, options,
+                progress=lambda f, msg: bar.update(task, completed=f, description=msg))
     except PlannerError as error:
         raise fail(str(error)) from None
     return dump_document(result.plan), _local_summary(result)
 
 
-def _plan_on_server(document: Any, time_limit_s: float, choice: ScheduleChoice, server: str,
+def _plan_on_server(document: Any, time_limit_s: float, choice: ScheduleChoice,
+                    goal: dict[str, Any], server: str,
                     token: str | None) -> tuple[dict[str, Any], PlanSummary]:
     from api.client import HetplanClient, HetplanError
 
     try:
         with HetplanClient(server, token=token, retries=1) as client:
-            answer = client.request_plan({"scenario": document, "options": choice.as_request()},
+            answer = client.request_plan({"scenario": document,
+                                          "options": {**choice.as_request(), **goal}},
                                          time_limit_s=time_limit_s)
     except HetplanError as error:
         raise fail(f"{server}: {error}") from None

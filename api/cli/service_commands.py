@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -14,7 +12,7 @@ import typer
 
 from api.cli.output import fail, stderr_console
 
-__all__ = ["register", "BatchOutcome", "plan_file"]
+__all__ = ["register", "BatchOutcome", "plan_file", "plan_file_task"]
 
 SCENARIO_SUFFIXES = (".json", ".yaml", ".yml")
 
@@ -102,6 +100,11 @@ def plan_file(path: Path, out_dir: Path, time_limit_s: float) -> BatchOutcome:
                         wall_s=result.wall_s, plan_path=str(target))
 
 
+def plan_file_task(task: tuple[Path, Path, float]) -> BatchOutcome:
+    """`plan_file` on one (scenario path, output folder, time limit): a sweep's task."""
+    return plan_file(*task)
+
+
 def _stem(path: Path) -> str:
     return path.name[: -len(path.suffix)] if path.suffix else path.name
 
@@ -127,6 +130,9 @@ def batch(
                                                 )] = 10.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON on "
                                           "stdout instead of a table.")] = False,
+    ray: Annotated[str | None, typer.Option(
+        "--ray", metavar="ADDRESS", help="Plan as Ray tasks: `auto` starts a local Ray, "
+        "else the cluster's address (workers must see --out).")] = None,
 ) -> None:
     """Plan every scenario of a folder, in parallel.
 
@@ -145,14 +151,17 @@ def batch(
     console = stderr_console()
     outcomes: list[BatchOutcome] = []
     columns = ("{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console) as progress, ProcessPoolExecutor(
-        max_workers=min(jobs, len(paths)), mp_context=get_context("spawn")
-    ) as pool:
-        task = progress.add_task("planning", total=len(paths))
-        futures = [pool.submit(plan_file, p, out, time_limit_s) for p in paths]
-        for future in as_completed(futures):
-            outcomes.append(future.result())
-            progress.advance(task)
+    from api.sweeps import RayUnavailable, sweep_mapper
+
+    try:
+        with Progress(*columns, console=console) as progress, sweep_mapper(
+                ray, min(jobs, len(paths))) as mapper:
+            task = progress.add_task("planning", total=len(paths))
+            for outcome in mapper(plan_file_task, [(p, out, time_limit_s) for p in paths]):
+                outcomes.append(outcome)
+                progress.advance(task)
+    except RayUnavailable as error:
+        raise fail(str(error)) from None
     outcomes.sort(key=lambda o: o.scenario)
     summary = [asdict(o) for o in outcomes]
     (out / "batch-summary.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
+from starlette.convertors import Convertor, register_url_convertor
 
 from api import schemas
 from api.admission import InlineSolves
@@ -37,6 +39,21 @@ PlanId = Annotated[str, Path(min_length=1, max_length=200, pattern=schemas.NAME_
                               description="Hexadecimal; any other id is simply not stored (404).")]
 
 
+class _HexId(Convertor[str]):
+    """Plan ids in paths: hex only, so that `/v1/plans/pareto` is not read as a plan id."""
+
+    regex = "[0-9a-f]+"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("hexid", _HexId())
+
+
 @router.post(
     "", status_code=201, response_model=schemas.PlanPublic, operation_id="create_plan",
     summary="Plan a scenario: the plan (201) or, for a long search, a job to poll (202)",
@@ -50,21 +67,28 @@ async def create(body: Annotated[schemas.PlanRequest, Body(openapi_examples=open
                  job: Annotated[bool, Query(description="Always answer with a job.")] = False,
                  ) -> Any:
     """Searches whose time limit is at most the server's `sync_solve_threshold_s` are
-    answered inline; longer ones (or `?job=true`) become a job. Time limits above the
+    answered inline; longer ones (or `?job=true`) become a job. A goal in money
+    (`objective` cost, a budget or a floor) plans sub-fleets in turn: its time limit
+    counts once per sub-fleet. Time limits above the
     server's `max_time_limit_s` are capped (`options.time_limit_s` in the answer).
     Beyond `max_inline_solves` running inline searches the answer is 503 with
     `Retry-After`; beyond `max_plan_layers` or `max_plan_gpus`, 422 `scenario_too_large`."""
     asked = body.options
-    options = planning.effective_options(
+    options = planning.with_goal(planning.effective_options(
         asked.time_limit_s, asked.exact, settings, schedules=asked.schedules or (),
-        recompute=asked.recompute, max_local_blocks=asked.max_local_blocks)
+        recompute=asked.recompute, max_local_blocks=asked.max_local_blocks), asked)
 
+    @functools.cache
     def assembled() -> Assembled:
         found = assemble(body, store)
         planning.check_size(found.scenario, settings)
         return found
 
-    if job or options.time_limit_s > settings.sync_solve_threshold_s:
+    budget_s = options.time_limit_s
+    if planning.has_goal(options):  # its sub-fleets are counted on the scenario
+        budget_s = await run_in_threadpool(
+            lambda: planning.search_budget_s(assembled().scenario, options))
+    if job or budget_s > settings.sync_solve_threshold_s:
         record = await run_in_threadpool(lambda: runner.submit(assembled(), options))
         public = schemas.JobPublic.model_validate(record, from_attributes=True)
         return JSONResponse(public.model_dump(mode="json"), status_code=202,
@@ -85,7 +109,7 @@ def list_plans(store: StoreDep, _: ReadAuth,
     return {"data": [planning.plan_summary(r) for r in records], "count": count}
 
 
-@router.get("/{plan_id}", response_model=schemas.PlanPublic, operation_id="get_plan",
+@router.get("/{plan_id:hexid}", response_model=schemas.PlanPublic, operation_id="get_plan",
             responses=ErrorResponses.not_found, summary="A stored plan")
 async def get(plan_id: PlanId, store: StoreDep, cache: PlanCacheDep, _: ReadAuth) -> Response:
     """Stored plans never change, so their encoded answer is cached per process; a cached

@@ -10,20 +10,27 @@ from datetime import UTC, datetime
 from typing import Any
 
 import planner
-from api.errors import ScenarioTooLarge, json_safe
+from api import schemas
+from api.errors import ApiError, ScenarioTooLarge, json_safe
 from api.services.scenarios import Assembled
 from api.settings import Settings
 from api.storage import PlanRecord, Store
 from planner.documents import Schedule, dump_document
 from planner.errors import Problem
 from planner.estimate import with_estimate
+from planner.fleet import Objective, ObjectiveOptions, Solve, plan_with_objective, sub_fleets
 from planner.search.api import ProgressCallback
 
 __all__ = [
     "Solver",
     "effective_options",
+    "with_goal",
+    "has_goal",
+    "search_budget_s",
     "check_size",
     "solve_and_store",
+    "store_result",
+    "fleet_solve",
     "evaluate",
     "plan_public",
     "plan_summary",
@@ -46,6 +53,31 @@ def effective_options(requested_time_limit_s: float | None, exact: bool,
         chosen["exact"] = True
     return planner.SearchOptions(**chosen, schedules=tuple(schedules), recompute=recompute,
                                  max_local_blocks=max_local_blocks)
+
+
+def with_goal(options: planner.SearchOptions,
+              requested: schemas.PlanOptions) -> planner.SearchOptions:
+    """`options` with the request's goal in money (`objective`, `max_usd_per_hour`,
+    `min_samples_per_s`), when it has one."""
+    goal = ObjectiveOptions(**{f.name: getattr(options, f.name)
+                               for f in dataclasses.fields(options)},
+                            objective=Objective(requested.objective),
+                            max_usd_per_hour=requested.max_usd_per_hour,
+                            min_samples_per_s=requested.min_samples_per_s)
+    return goal if goal.needs_fleets else options
+
+
+def has_goal(options: planner.SearchOptions) -> bool:
+    """Whether the options carry a goal in money (planned over sub-fleets)."""
+    return isinstance(options, ObjectiveOptions)
+
+
+def search_budget_s(scenario: planner.Scenario, options: planner.SearchOptions) -> float:
+    """The longest the search may run: the time limit, once per sub-fleet under a goal in
+    money (whose answer plans them in turn)."""
+    if isinstance(options, ObjectiveOptions):
+        return options.time_limit_s * len(sub_fleets(scenario, options.max_fleets))
+    return options.time_limit_s
 
 
 def check_size(scenario: planner.Scenario, settings: Settings) -> None:
@@ -80,13 +112,36 @@ def solve_and_store(
     `observe(status, seconds)` is told every solve's outcome (for metrics)."""
     started = time.perf_counter()
     try:
-        result = solver(assembled.scenario, options, progress)
+        if isinstance(options, ObjectiveOptions):  # each sub-fleet planned by the solver
+            result = plan_with_objective(assembled.scenario, options, progress,
+                                         solve=fleet_solve(solver))
+        else:
+            result = solver(assembled.scenario, options, progress)
     except Exception as error:
         if observe is not None:
             observe(type(error).__name__, time.perf_counter() - started)
         raise
     if observe is not None:
         observe(str(result.status), result.wall_s)
+    return store_result(assembled, options, result, store=store)
+
+
+def fleet_solve(solver: Solver) -> Solve:
+    """The service's solver as `planner.fleet` plans one fleet with it: a fleet the solver
+    refuses (an error rendered by a search process) is that fleet's outcome, not the
+    request's answer."""
+    def solve(scenario: planner.Scenario, options: planner.SearchOptions) -> planner.PlanResult:
+        try:
+            return solver(scenario, options, None)
+        except ApiError as error:
+            raise planner.PlannerError(f"{error.code}: {error.message}") from None
+
+    return solve
+
+
+def store_result(assembled: Assembled, options: planner.SearchOptions,
+                 result: planner.PlanResult, *, store: Store) -> PlanRecord:
+    """Store one search result with its sources and options; the stored record."""
     record = PlanRecord(
         id=uuid.uuid4().hex,
         created_at=datetime.now(UTC),
@@ -98,11 +153,18 @@ def solve_and_store(
         sources=assembled.sources,
         options={"time_limit_s": options.time_limit_s,
                  "exact": bool(getattr(options, "exact", False)),
-                 **_schedule_options(options)},
+                 **_schedule_options(options), **_goal(options)},
         scenario=json_safe(assembled.document),
     )
     store.add_plan(record)
     return record
+
+
+def _goal(options: planner.SearchOptions) -> dict[str, Any]:
+    if not isinstance(options, ObjectiveOptions):
+        return {}
+    return {"objective": options.objective.value, "max_usd_per_hour": options.max_usd_per_hour,
+            "min_samples_per_s": options.min_samples_per_s}
 
 
 def _schedule_options(options: planner.SearchOptions) -> dict[str, Any]:
