@@ -50,6 +50,9 @@ class ClassOption:
 
     template: PipelineTemplate
     copies: int
+    min_pipelines: int = 1
+    """The template's state is sized sharded over this many pipelines (ZeRO): valid only in
+    plans of at least as many."""
 
 
 def heaviest_gradient(template: PipelineTemplate, params: Sequence[float]) -> float:
@@ -64,16 +67,16 @@ def class_options(ctx: TemplateContext, cls: ResourceClass) -> list[ClassOption]
     """Every depth and profiled point of the class, with all its replicas, half and a quarter
     of them (fewer GPUs on a node share its network interfaces among fewer rings). Under
     ZeRO, state sharded over eight pipelines fits deeper into memory: such templates are
-    offered too, with at least eight replicas, where that sharding holds whatever else
-    the plan runs."""
+    offered too, valid only in plans of at least eight pipelines."""
     options = []
     sharded = ctx.scenario.job.zero_stage >= 1
     for hint in (1, SHARDED_OVER) if sharded else (1,):
         for template in homogeneous_templates(ctx, cls, num_pipelines=hint):
             most = cls.slots(template.stages[0].tp) // template.num_stages
             for copies in sorted({most, -(-most // 2), -(-most // 4)}, reverse=True):
-                if copies >= hint:
-                    options.append(ClassOption(template=template, copies=copies))
+                if copies > 0:
+                    options.append(ClassOption(template=template, copies=copies,
+                                               min_pipelines=hint))
     return options
 
 
@@ -97,7 +100,7 @@ def per_type_choices(
             found.setdefault(step, step)
     for chosen in found.values():
         picks = tuple(g.options[i] for g, i in zip(groups, chosen, strict=True) if i >= 0)
-        if picks:
+        if picks and sum(o.copies for o in picks) >= max(o.min_pipelines for o in picks):
             yield picks
 
 
@@ -114,6 +117,7 @@ class _ClassArrays:
         params = tables.params.tolist()
         t = [o.template for o in group]
         self.copies = np.array([o.copies for o in group], dtype=float)
+        self.min_pipelines = np.array([o.min_pipelines for o in group], dtype=float)
         self.micro_batch = np.array([x.micro_batch for x in t], dtype=float)
         self.fill = np.array([x.fill_s for x in t])
         self.bottleneck = np.array([x.bottleneck_s for x in t])
@@ -278,6 +282,17 @@ class _Ring:
         return float(times[choice[first]] + self.sync_s(groups, choice)[0])
 
 
+def _enough_pipelines(groups: Sequence[_ClassArrays], choice: Choice, moving: int) -> np.ndarray:
+    """Per option of class `moving`, whether the set then has as many pipelines as each of
+    its options' state sizing assumes."""
+    others = [(g, i) for k, (g, i) in enumerate(zip(groups, choice, strict=True))
+              if k != moving and i >= 0]
+    count = sum(g.copies[i] for g, i in others)
+    needed = max((g.min_pipelines[i] for g, i in others), default=1.0)
+    g = groups[moving]
+    return count + g.copies >= np.maximum(needed, g.min_pipelines)
+
+
 def _descent(groups: Sequence[_ClassArrays], ring: _Ring, start: Choice, batch: int) -> Iterator[Choice]:
     """Each class in turn takes its option of least estimated iteration time, the others
     fixed, until none moves; every set passed through."""
@@ -286,6 +301,7 @@ def _descent(groups: Sequence[_ClassArrays], ring: _Ring, start: Choice, batch: 
         moved = False
         for k, g in enumerate(groups):
             scores = _least_times(groups, tuple(choice), k, batch) + ring.sync_s(groups, tuple(choice), k)
+            scores[:-1] = np.where(_enough_pipelines(groups, tuple(choice), k), scores[:-1], np.inf)
             best = int(np.argmin(scores))
             pick = best if best < len(g.options) else -1
             current = choice[k] if choice[k] >= 0 else len(g.options)
