@@ -326,6 +326,11 @@ def homogeneous_templates(
 def _every_depth(
     ctx: TemplateContext, cls: ResourceClass, num_pipelines: int, limits: TemplateLimits
 ) -> Iterator[PipelineTemplate]:
+    # State sharded over several pipelines fits deeper; where memory did not bind, the
+    # split is the unsharded one's, which is valid at any pipeline count: not made twice.
+    unsharded = {} if num_pipelines == 1 else {
+        (t.micro_batch, t.stages[0].tp, t.num_stages): t.bottleneck_s
+        for t in homogeneous_templates(ctx, cls, limits=limits)}
     for b, tp in _points(ctx, cls):
         shape = StageShape(resource=cls.key, tp=tp)
         max_stages = min(limits.max_stages, cls.slots(tp), ctx.tables.num_layers)
@@ -341,8 +346,12 @@ def _every_depth(
         sweep_together(sweeps, [functools.partial(_aligned_spec, ctx, shape, b, per_node, r,
                                                   inside, across) for r in residues],
                        [max_stages for _ in residues])
+        def same_as_unsharded(depth: int, bottleneck: float, b: int = b, tp: int = tp) -> bool:
+            return unsharded.get((b, tp, depth)) == bottleneck
+
         yield from _useful_depths(ctx, functools.partial(_by_residue, sweeps), max_stages, b,
-                                  functools.partial(_segments, shape, None, 0), every_depth=True)
+                                  functools.partial(_segments, shape, None, 0), every_depth=True,
+                                  skip=same_as_unsharded if unsharded else None)
 
 
 def _by_residue(sweeps: Sequence[SuffixSweep], depth: int) -> SuffixSweep:
@@ -535,17 +544,21 @@ def _useful_depths(
     every_depth: bool = False,
     light: bool = True,
     sync_depths: bool = True,
+    skip: Callable[[int, float], bool] | None = None,
 ) -> Iterator[PipelineTemplate]:
     """Templates of the depths swept from `first_depth` on that pay off: a deeper pipeline
     must cut the bottleneck or the heaviest stage's gradient bytes (its share of the
     sync ring) by 2%. Deeper pipelines hold fewer parameters per GPU, so they sync less
     even where their bottleneck no longer falls (unless `sync_depths` is off). `light`: of
     the least-bottleneck splits, the one whose heaviest stage holds the fewest parameters
-    (a second DP; templates by the thousand keep the first DP's split)."""
+    (a second DP; templates by the thousand keep the first DP's split). `skip(depth,
+    bottleneck)` drops depths before any split is extracted."""
     best_bottleneck = best_sync = math.inf
     for depth in range(first_depth, deepest + 1):
         sweep = sweep_for(depth)
         if depth > len(sweep.specs):
+            continue
+        if skip is not None and skip(depth, sweep.depth_bottleneck(depth)):
             continue
         template = _template(ctx, sweep, depth, b, stages_of(depth), light=light)
         if template is None:
