@@ -204,6 +204,51 @@ class SuffixSweep:
             stage_s.append(float(self.costs[k - 1][start, bounds[-1]]))
         return Partition(bounds=tuple(bounds), stage_s=tuple(stage_s))
 
+    def extract_light_many(self, depths: Sequence[int]) -> dict[int, Partition | None]:
+        """`extract_light` for several depths of this sweep at once: the stages pushed k-th
+        are the same for every depth, so each step of the second DP runs for all of them in
+        one numpy pass (each depth held to its own bottleneck)."""
+        found: dict[int, Partition | None] = {}
+        batch = []
+        for depth in depths:
+            if depth > len(self.best) or not np.isfinite(self.best[depth - 1][0]):
+                found[depth] = None
+            elif depth == 1:
+                found[depth] = self.extract(1)
+            else:
+                batch.append(depth)
+        if not batch:
+            return found
+        num_layers = self.tables.num_layers
+        size = num_layers + 1
+        limits = np.array([float(self.best[d - 1][0]) for d in batch])[:, None, None] * (1 + 1e-12)
+        starts = np.arange(size)
+        heaviest = np.full((len(batch), 2 * size), INF)
+        heaviest[:, num_layers] = 0.0
+        choices = []
+        for k in range(1, max(batch) + 1):
+            ends, weight, fits = self._band(self.specs[k - 1])
+            width = ends.shape[1]
+            allowed = fits[None] & (self.cost_matrices[k - 1].by_length[None, :, :width] <= limits)
+            total = np.where(allowed, np.maximum(weight[None], heaviest[:, ends]), INF)
+            pick = total.argmin(axis=2)
+            best = np.take_along_axis(total, pick[:, :, None], axis=2)[:, :, 0]
+            heaviest = np.concatenate((best, np.full((len(batch), size), INF)), axis=1)
+            choices.append(starts[None, :] + pick + 1)
+            for i in np.flatnonzero(np.array(batch) == k).tolist():
+                found[k] = self._walk(k, [c[i] for c in choices]) if np.isfinite(
+                    heaviest[i, 0]) else self.extract(k)
+        return found
+
+    def _walk(self, num_stages: int, choices: Sequence[np.ndarray]) -> Partition:
+        bounds = [0]
+        stage_s = []
+        for k in range(num_stages, 0, -1):
+            start = bounds[-1]
+            bounds.append(int(choices[k - 1][start]))
+            stage_s.append(float(self.costs[k - 1][start, bounds[-1]]))
+        return Partition(bounds=tuple(bounds), stage_s=tuple(stage_s))
+
     def _band(self, spec: StageSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """For the light split: per start and length up to the longest range that fits, the
         range's end, its parameters per GPU, and whether it fits (cached per search)."""

@@ -346,12 +346,19 @@ def _every_depth(
         sweep_together(sweeps, [functools.partial(_aligned_spec, ctx, shape, b, per_node, r,
                                                   inside, across) for r in residues],
                        [max_stages for _ in residues])
-        def same_as_unsharded(depth: int, bottleneck: float, b: int = b, tp: int = tp) -> bool:
-            return unsharded.get((b, tp, depth)) == bottleneck
-
-        yield from _useful_depths(ctx, functools.partial(_by_residue, sweeps), max_stages, b,
-                                  functools.partial(_segments, shape, None, 0), every_depth=True,
-                                  skip=same_as_unsharded if unsharded else None)
+        parts: dict[int, Partition | None] = {}
+        for r, sweep in enumerate(sweeps):
+            depths = [d for d in range(1, min(max_stages, len(sweep.specs)) + 1)
+                      if d % len(sweeps) == r
+                      and unsharded.get((b, tp, d)) != sweep.depth_bottleneck(d)]
+            parts.update(sweep.extract_light_many(depths))
+        for depth in sorted(parts):
+            part = parts[depth]
+            if part is not None:
+                template = _template_from_partition(ctx, sweeps[depth % len(sweeps)].specs, part,
+                                                    b, _segments(shape, None, 0, depth))
+                if template is not None:
+                    yield template
 
 
 def _by_residue(sweeps: Sequence[SuffixSweep], depth: int) -> SuffixSweep:
@@ -541,31 +548,26 @@ def _useful_depths(
     stages_of: Callable[[int], list[StageShape]],
     *,
     first_depth: int = 1,
-    every_depth: bool = False,
     light: bool = True,
     sync_depths: bool = True,
-    skip: Callable[[int, float], bool] | None = None,
 ) -> Iterator[PipelineTemplate]:
     """Templates of the depths swept from `first_depth` on that pay off: a deeper pipeline
     must cut the bottleneck or the heaviest stage's gradient bytes (its share of the
     sync ring) by 2%. Deeper pipelines hold fewer parameters per GPU, so they sync less
     even where their bottleneck no longer falls (unless `sync_depths` is off). `light`: of
     the least-bottleneck splits, the one whose heaviest stage holds the fewest parameters
-    (a second DP; templates by the thousand keep the first DP's split). `skip(depth,
-    bottleneck)` drops depths before any split is extracted."""
+    (a second DP; templates by the thousand keep the first DP's split)."""
     best_bottleneck = best_sync = math.inf
     for depth in range(first_depth, deepest + 1):
         sweep = sweep_for(depth)
         if depth > len(sweep.specs):
-            continue
-        if skip is not None and skip(depth, sweep.depth_bottleneck(depth)):
             continue
         template = _template(ctx, sweep, depth, b, stages_of(depth), light=light)
         if template is None:
             continue
         bottleneck = template.bottleneck_s
         sync = max(data for data, _ in template.sync_parts)
-        if every_depth or bottleneck < best_bottleneck * IMPROVEMENT \
+        if bottleneck < best_bottleneck * IMPROVEMENT \
                 or (sync_depths and sync < best_sync * IMPROVEMENT):
             best_bottleneck = min(best_bottleneck, bottleneck)
             best_sync = min(best_sync, sync)
