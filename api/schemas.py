@@ -385,6 +385,10 @@ class PlanOptions(_In):
     max_local_blocks: int | None = Field(
         default=None, ge=1, le=1024,
         description="Under schedule 'local': the most blocks (stages) per pipeline.")
+    launcher: Literal["megatron", "deepspeed", "torchtitan", "pipelining", "torchrun",
+                      "kubernetes", "slurm"] | None = Field(
+        default=None, description="Return the best plan this launcher format can run "
+        "(Megatron-LM, DeepSpeed and torchtitan run one grid of identical pipelines).")
 
 
 class PlanRequest(ScenarioSource):

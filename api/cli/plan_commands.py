@@ -71,6 +71,9 @@ def plan_command(
              "1f1b,interleaved-1f1b.")] = None,
     recompute: Annotated[bool, typer.Option(
         "--recompute", help="Let stages recompute activations where that helps.")] = False,
+    launcher: Annotated[str | None, typer.Option(
+        help="Plan only what this launcher can run: megatron, deepspeed, torchtitan (one grid "
+             "of identical pipelines), or another export format.")] = None,
     objective: Annotated[str, typer.Option(
         help="throughput (most samples/s) or cost (least USD per million tokens); with cost, "
         "a budget or a floor, sub-fleets are planned, --time-limit each.")] = "throughput",
@@ -86,7 +89,8 @@ def plan_command(
     if output is not None and not output.resolve().parent.is_dir():
         raise fail(f"cannot write {output}: its folder does not exist")  # before a long search
     document = load_document(scenario_path)
-    choice = ScheduleChoice(schedules=_schedule_names(schedules), recompute=recompute)
+    choice = ScheduleChoice(schedules=_schedule_names(schedules), recompute=recompute,
+                            launcher=_launcher_name(launcher))
     goal = _goal(objective, max_usd_per_hour, min_samples_per_s)
     if server is None:
         plan_document, summary = _plan_locally(document, time_limit_s, choice, goal,
@@ -109,16 +113,29 @@ def plan_command(
 
 @dataclass(frozen=True, kw_only=True)
 class ScheduleChoice:
-    """`--schedules` (names, checked) and `--recompute`."""
+    """`--schedules` (names, checked), `--recompute` and `--launcher`."""
 
     schedules: tuple[str, ...]
     recompute: bool
+    launcher: str | None = None
 
     def as_request(self) -> dict[str, Any]:
         chosen: dict[str, Any] = {"recompute": self.recompute} if self.recompute else {}
         if self.schedules:
             chosen["schedules"] = list(self.schedules)
+        if self.launcher:
+            chosen["launcher"] = self.launcher
         return chosen
+
+
+def _launcher_name(name: str | None) -> str | None:
+    """`--launcher` checked against the export formats, or a clear exit naming them."""
+    from planner.export import FORMATS
+
+    if name is not None and name not in FORMATS:
+        raise typer.BadParameter(f"unknown launcher {name!r}; choose among {sorted(FORMATS)}",
+                                 param_hint="--launcher")
+    return name
 
 
 def _schedule_names(listed: str | None) -> tuple[str, ...]:
@@ -159,7 +176,7 @@ def _plan_locally(document: Any, time_limit_s: float, choice: ScheduleChoice,
                       disable=not show_progress) as bar:
             task = bar.add_task("planning", total=1.0)
             options = ObjectiveOptions(
-                time_limit_s=time_limit_s, recompute=choice.recompute,
+                time_limit_s=time_limit_s, recompute=choice.recompute, launcher=choice.launcher,
                 schedules=tuple(Schedule(n) for n in choice.schedules),
                 **{**goal, "objective": Objective(goal["objective"])})
             result = plan_with_objective(

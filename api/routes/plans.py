@@ -76,7 +76,8 @@ async def create(body: Annotated[schemas.PlanRequest, Body(openapi_examples=open
     asked = body.options
     options = planning.with_goal(planning.effective_options(
         asked.time_limit_s, asked.exact, settings, schedules=asked.schedules or (),
-        recompute=asked.recompute, max_local_blocks=asked.max_local_blocks), asked)
+        recompute=asked.recompute, max_local_blocks=asked.max_local_blocks,
+        launcher=asked.launcher), asked)
 
     @functools.cache
     def assembled() -> Assembled:

@@ -43,8 +43,8 @@ Solver = Callable[[planner.Scenario, planner.SearchOptions, ProgressCallback | N
 
 def effective_options(requested_time_limit_s: float | None, exact: bool,
                       settings: Settings, *, schedules: Sequence[Schedule] = (),
-                      recompute: bool = False,
-                      max_local_blocks: int | None = None) -> planner.SearchOptions:
+                      recompute: bool = False, max_local_blocks: int | None = None,
+                      launcher: str | None = None) -> planner.SearchOptions:
     """The search options actually used: the request's time limit, capped by the server,
     and its schedule choices."""
     limit = requested_time_limit_s or settings.default_time_limit_s
@@ -52,7 +52,7 @@ def effective_options(requested_time_limit_s: float | None, exact: bool,
     if exact and "exact" in {f.name for f in dataclasses.fields(planner.SearchOptions)}:
         chosen["exact"] = True
     return planner.SearchOptions(**chosen, schedules=tuple(schedules), recompute=recompute,
-                                 max_local_blocks=max_local_blocks)
+                                 max_local_blocks=max_local_blocks, launcher=launcher)
 
 
 def with_goal(options: planner.SearchOptions,
@@ -177,6 +177,8 @@ def _schedule_options(options: planner.SearchOptions) -> dict[str, Any]:
         chosen["recompute"] = True
     if options.max_local_blocks is not None:
         chosen["max_local_blocks"] = options.max_local_blocks
+    if options.launcher is not None:
+        chosen["launcher"] = options.launcher
     return chosen
 
 

@@ -132,3 +132,21 @@ def test_plan_with_an_unknown_schedule_names_the_known_ones() -> None:
     result = runner.invoke(app, ["plan", str(SCENARIO), "--schedules", "1f1b,zb-v"])
     assert result.exit_code == 2
     assert "zb-v" in result.output and "interleaved-1f1b" in result.output
+
+
+def test_plan_for_a_launcher_writes_a_plan_that_launcher_runs(tmp_path: Path) -> None:
+    from planner import parse_plan
+    from planner.export import expressible
+
+    scenario = DATA / "scenarios" / "l40sx16-a40x8-v32x16-t4x8-gpt2.7b.json"
+    out = tmp_path / "plan.json"
+    result = runner.invoke(app, ["plan", str(scenario), "-o", str(out), "--time-limit", "3",
+                                 "--launcher", "deepspeed"])
+    assert result.exit_code == 0, result.output
+    assert expressible(parse_plan(json.loads(out.read_text())), "deepspeed") is None
+
+
+def test_plan_for_an_unknown_launcher_names_the_known_ones() -> None:
+    result = runner.invoke(app, ["plan", str(SCENARIO), "--launcher", "ray-train"])
+    assert result.exit_code == 2
+    assert "ray-train" in result.output and "megatron" in result.output

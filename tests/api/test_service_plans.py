@@ -581,3 +581,17 @@ def test_plan_request_with_an_unknown_schedule_is_rejected(client: TestClient,
         "time_limit_s": 1, "schedules": ["zero-bubble"]}})
     assert response.status_code == 422
     assert response.json()["problems"][0]["path"].startswith("options.schedules")
+
+
+def test_plan_request_for_a_launcher_answers_a_plan_it_runs(client: TestClient) -> None:
+    from planner.export import expressible
+
+    document = json.loads((Path(__file__).parent.parent / "data" / "scenarios"
+                           / "l40sx16-a40x8-v32x16-t4x8-gpt2.7b.json").read_text())
+    response = client.post("/v1/plans", json={"scenario": document, "options": {
+        "time_limit_s": 3, "launcher": "megatron"}})
+    assert response.status_code == 201, response.text
+    plan = planner.parse_plan(response.json()["plan"])
+    assert expressible(plan, "megatron") is None
+    assert client.post("/v1/plans", json={"scenario": document, "options": {
+        "launcher": "ray-train"}}).status_code == 422
