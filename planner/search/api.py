@@ -31,6 +31,7 @@ from planner.search.diagnose import infeasibility_reason, no_plan_reason
 from planner.search.drafts import Candidate, Draft, best_realized, draft
 from planner.search.exact import TooLargeForExact, check_size, exact_optimum
 from planner.search.launchers import (
+    LAUNCHER_GRID_DRAFTS,
     best_for_launcher,
     check_launcher,
     launcher_candidates,
@@ -226,6 +227,8 @@ def _plan(
                                                           options, admissible)
     if options.launcher is not None:
         report(0.9, f"restricting to what {options.launcher} runs")
+        candidates.extend(launcher_candidates(tables, templates, LAUNCHER_GRID_DRAFTS,
+                                              slack=math.inf))
         if best is not None:
             candidates.append(best)
         best, evaluation = best_for_launcher(searched, options.launcher, candidates,

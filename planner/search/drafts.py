@@ -132,14 +132,15 @@ def realize(tables: ScenarioTables, chosen: Draft) -> list[Candidate]:
     return out
 
 
-def best_realized(tables: ScenarioTables, drafts: Iterable[Draft | None], keep: int) -> list[Candidate]:
+def best_realized(tables: ScenarioTables, drafts: Iterable[Draft | None], keep: int,
+                  slack: float = ROUGH_SLACK) -> list[Candidate]:
     """Realize the `keep` drafts of least rough time; their placed candidates, best first."""
     ranked = sorted((d for d in drafts if d is not None), key=lambda d: d.rough_s)
     out: list[Candidate] = []
     for chosen in ranked[:keep]:
         # Placement shortens the sync rings a rough estimate assumes, but on no benchmark
         # scenario did a draft this far behind win once placed.
-        if chosen.rough_s > ranked[0].rough_s * ROUGH_SLACK:
+        if chosen.rough_s > ranked[0].rough_s * slack:
             break
         out.extend(realize(tables, chosen))
     return sorted(out, key=lambda c: c.quick_s)

@@ -16,14 +16,16 @@ from planner.documents import Plan, Scenario
 from planner.errors import Infeasible
 from planner.estimate import Evaluation, evaluate
 from planner.export import FORMATS, expressible, format_options, scenario_options
-from planner.search.drafts import Candidate, Draft, best_realized, identical_draft
+from planner.search.drafts import ROUGH_SLACK, Candidate, Draft, best_realized, identical_draft
 from planner.search.tables import ScenarioTables
 from planner.search.templates import PipelineTemplate
 
 __all__ = ["check_launcher", "launcher_candidates", "best_for_launcher"]
 
 GRID_DRAFTS = 6
-"""Identical-replica drafts, least rough time first, placed and offered."""
+"""Identical-replica drafts, least rough time first, placed and offered to every search."""
+LAUNCHER_GRID_DRAFTS = 64
+"""The same, when the plan must be one a named launcher runs (most of them are)."""
 
 
 def check_launcher(launcher: str) -> None:
@@ -31,13 +33,16 @@ def check_launcher(launcher: str) -> None:
         raise ValueError(f"unknown launcher {launcher!r}; use one of {sorted(FORMATS)}")
 
 
-def launcher_candidates(tables: ScenarioTables, templates: Sequence[PipelineTemplate]
+def launcher_candidates(tables: ScenarioTables, templates: Sequence[PipelineTemplate],
+                        keep: int = GRID_DRAFTS, *, slack: float = ROUGH_SLACK
                         ) -> list[Candidate]:
-    """Identical replicas of each template, placed, best first by the quick estimate."""
-    return best_realized(tables, _grid_drafts(tables, templates), GRID_DRAFTS)
+    """Identical replicas of each template, placed, best first by the quick estimate; those
+    quoted more than `slack` times the best are not placed (for a named launcher every grid
+    counts, however far behind the best plan it is: `math.inf`)."""
+    return best_realized(tables, _grid_drafts(tables, templates, keep), keep, slack)
 
 
-def _grid_drafts(tables: ScenarioTables, templates: Sequence[PipelineTemplate]
+def _grid_drafts(tables: ScenarioTables, templates: Sequence[PipelineTemplate], keep: int
                  ) -> Iterator[Draft | None]:
     """Drafts of the replica sets of least rough time (pipeline time plus the template's
     own sync estimate), ranked before any draft is built."""
@@ -54,7 +59,7 @@ def _grid_drafts(tables: ScenarioTables, templates: Sequence[PipelineTemplate]
             if per_pipeline % count == 0 and (template.max_micro_batches or m) >= m:
                 ranked.append((template.time_s(m) + template.sync_s(count), count, template))
     ranked.sort(key=lambda r: r[0])
-    for _, count, template in ranked[:GRID_DRAFTS]:
+    for _, count, template in ranked[:keep]:
         yield identical_draft(tables, template, count, "identical pipelines")
 
 
