@@ -173,36 +173,7 @@ class SuffixSweep:
         parameters per GPU. Many splits tie on the bottleneck (set by one slow stage, often
         one behind a slow link), and the heaviest stage sets the gradient sync: a second DP
         over the same stage matrices, each stage held to the bottleneck."""
-        if num_stages > len(self.best) or not np.isfinite(self.best[num_stages - 1][0]):
-            return None
-        if num_stages == 1:
-            return self.extract(num_stages)
-        limit = float(self.best[num_stages - 1][0]) * (1 + 1e-12)
-        num_layers = self.tables.num_layers
-        size = num_layers + 1
-        # Banded, as the first DP: a stage spans at most the longest range that fits.
-        starts = np.arange(size)
-        heaviest = np.full(2 * size, INF)
-        heaviest[num_layers] = 0.0
-        choices = []
-        for k in range(1, num_stages + 1):
-            spec = self.specs[k - 1]
-            ends, weight, fits = self._band(spec)
-            width = ends.shape[1]
-            allowed = fits & (self.cost_matrices[k - 1].by_length[:, :width] <= limit)
-            total = np.where(allowed, np.maximum(weight, heaviest[ends]), INF)
-            pick = total.argmin(axis=1)
-            heaviest = np.concatenate((total[starts, pick], np.full(size, INF)))
-            choices.append(starts + pick + 1)
-        if not np.isfinite(heaviest[0]):  # float ties broken otherwise: keep the first DP's
-            return self.extract(num_stages)
-        bounds = [0]
-        stage_s = []
-        for k in range(num_stages, 0, -1):
-            start = bounds[-1]
-            bounds.append(int(choices[k - 1][start]))
-            stage_s.append(float(self.costs[k - 1][start, bounds[-1]]))
-        return Partition(bounds=tuple(bounds), stage_s=tuple(stage_s))
+        return self.extract_light_many([num_stages])[num_stages]
 
     def extract_light_many(self, depths: Sequence[int]) -> dict[int, Partition | None]:
         """`extract_light` for several depths of this sweep at once: the stages pushed k-th

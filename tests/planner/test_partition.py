@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner import parse_scenario
-from planner.documents import Schedule
+from planner.documents import Scenario, Schedule
 from planner.search.partition import (
     LinkCost,
     StageSpec,
@@ -18,7 +18,7 @@ from planner.search.partition import (
     fixed_partition,
     sweep_together,
 )
-from planner.search.tables import compile_tables
+from planner.search.tables import ScenarioTables, compile_tables
 from planner.search.templates import StageShape, TemplateContext
 from tests.planner.scenarios import tiny
 
@@ -35,13 +35,8 @@ def scenario_with(times: list[float], memory_gib: float) -> dict:
     return doc
 
 
-@settings(max_examples=40, deadline=None)
-@given(times=st.lists(st.floats(min_value=0.1, max_value=9.0), min_size=3, max_size=7),
-       depth=st.integers(min_value=1, max_value=4),
-       memory_gib=st.sampled_from([2.3, 2.6, 3.0, 10.0]))
-def test_sweep_equals_brute_force_over_all_splits(times: list[float], depth: int,
-                                                  memory_gib: float) -> None:
-    scenario = parse_scenario(scenario_with(times, memory_gib))
+def swept(scenario: Scenario, depth: int) -> tuple[ScenarioTables, list[StageSpec], SuffixSweep]:
+    """`depth` stages of one shape (inside a node) pushed into a sweep."""
     tables = compile_tables(scenario)
     ctx = TemplateContext(tables, Schedule.ONE_F_ONE_B)
     shape = StageShape(resource=tables.classes[0].key, tp=1)
@@ -50,6 +45,17 @@ def test_sweep_equals_brute_force_over_all_splits(times: list[float], depth: int
     sweep = SuffixSweep(tables, blocking=True, num_pipelines=1)
     for spec in specs:
         sweep.push(spec)
+    return tables, specs, sweep
+
+
+@settings(max_examples=40, deadline=None)
+@given(times=st.lists(st.floats(min_value=0.1, max_value=9.0), min_size=3, max_size=7),
+       depth=st.integers(min_value=1, max_value=4),
+       memory_gib=st.sampled_from([2.3, 2.6, 3.0, 10.0]))
+def test_sweep_equals_brute_force_over_all_splits(times: list[float], depth: int,
+                                                  memory_gib: float) -> None:
+    scenario = parse_scenario(scenario_with(times, memory_gib))
+    tables, specs, sweep = swept(scenario, depth)
     num_layers = len(times)
     best = None
     for cuts in itertools.combinations(range(1, num_layers), depth - 1):
@@ -143,14 +149,7 @@ def test_light_split_has_the_least_bottleneck_and_then_the_lightest_heaviest_sta
     for i, kind in enumerate(doc["model"]["kinds"].values()):
         kind["params"] = params[i] * 1_000_000
     scenario = parse_scenario(doc)
-    tables = compile_tables(scenario)
-    ctx = TemplateContext(tables, Schedule.ONE_F_ONE_B)
-    shape = StageShape(resource=tables.classes[0].key, tp=1)
-    link = LinkCost(latency_s=1e-5, bytes_per_s=1e10)
-    specs = [ctx.stage_spec(shape, 1, k, link) for k in range(1, depth + 1)]
-    sweep = SuffixSweep(tables, blocking=True, num_pipelines=1)
-    for spec in specs:
-        sweep.push(spec)
+    tables, specs, sweep = swept(scenario, depth)
     num_layers = len(times)
     found = sweep.extract_light(depth) if depth <= num_layers else None
     splits = []
