@@ -116,6 +116,12 @@ def spawn(
             # The child's traceback is in the message; its last line says what went wrong.
             last = str(error).strip().splitlines()[-1]
             raise RuntimeError(f"a worker of {world_size} failed: {last}") from error
+        except mp.ProcessExitedException:
+            # A backend's threads can abort a process at teardown (gloo under DeepSpeed:
+            # "terminate called without an active exception"), after its result is written:
+            # the work is done if every rank wrote one.
+            if not all(Path(tmp, f"result-{r}.pkl").exists() for r in range(world_size)):
+                raise
         return [pickle.loads(Path(tmp, f"result-{r}.pkl").read_bytes()) for r in range(world_size)]
 
 
@@ -164,7 +170,9 @@ def _worker(
                           device=device_for(device, rank),
                           progress_path=str(Path(folder, "progress")))
         result = fn(ctx, *args)
-        Path(folder, f"result-{rank}.pkl").write_bytes(pickle.dumps(result))
+        written = Path(folder, f"result-{rank}.pkl.part")
+        written.write_bytes(pickle.dumps(result))
+        written.replace(Path(folder, f"result-{rank}.pkl"))  # whole, or not there at all
     finally:
         dist.destroy_process_group()
 
