@@ -160,13 +160,7 @@ class SuffixSweep:
     def extract(self, num_stages: int) -> Partition | None:
         if num_stages > len(self.best) or not np.isfinite(self.best[num_stages - 1][0]):
             return None
-        bounds = [0]
-        stage_s = []
-        for k in range(num_stages, 0, -1):
-            start = bounds[-1]
-            bounds.append(int(self.choice[k - 1][start]))
-            stage_s.append(float(self.costs[k - 1][start, bounds[-1]]))
-        return Partition(bounds=tuple(bounds), stage_s=tuple(stage_s))
+        return self._walk(num_stages, self.choice)
 
     def extract_light(self, num_stages: int) -> Partition | None:
         """Of the splits with the least bottleneck, one whose heaviest stage holds the fewest
@@ -212,6 +206,7 @@ class SuffixSweep:
         return found
 
     def _walk(self, num_stages: int, choices: Sequence[np.ndarray]) -> Partition:
+        """The split that `choices` (per stage from the end, each start's end) give from 0."""
         bounds = [0]
         stage_s = []
         for k in range(num_stages, 0, -1):

@@ -298,10 +298,7 @@ def _homogeneous(
             sweep = SuffixSweep(ctx.tables, blocking=ctx.blocking, num_pipelines=num_pipelines)
             sweep_together([sweep], [functools.partial(_run_spec, ctx, cls, shape, b, 0)],
                            [max_stages])
-            yield from _useful_depths(ctx, functools.partial(_by_residue, [sweep]),
-                                      len(sweep.specs), b,
-                                      functools.partial(_segments, shape, None, 0),
-                                      light=False, sync_depths=False)
+            yield from _useful_depths(ctx, sweep, 1, b, functools.partial(_segments, shape, None, 0))
 
 
 def homogeneous_templates(
@@ -359,10 +356,6 @@ def _every_depth(
                                                     b, _segments(shape, None, 0, depth))
                 if template is not None:
                     yield template
-
-
-def _by_residue(sweeps: Sequence[SuffixSweep], depth: int) -> SuffixSweep:
-    return sweeps[depth % len(sweeps)]
 
 
 def _aligned_spec(ctx: TemplateContext, shape: StageShape, b: int, per_node: int, residue: int,
@@ -460,9 +453,8 @@ def _two_segment(
             [t.max_front for t in group])
     for tail in tails:
         yield from _useful_depths(
-            ctx, functools.partial(_by_residue, [tail.sweep]), len(tail.sweep.specs), tail.b,
-            functools.partial(_segments, tail.front_shape, tail.back_shape, tail.num_back),
-            first_depth=tail.num_back + 1, light=False, sync_depths=False)
+            ctx, tail.sweep, tail.num_back + 1, tail.b,
+            functools.partial(_segments, tail.front_shape, tail.back_shape, tail.num_back))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -537,50 +529,33 @@ def _segments(
 
 
 IMPROVEMENT = 0.98
-"""A deeper pipeline is worth its GPUs only if it cuts the bottleneck or the sync by 2%."""
+"""A deeper pipeline is worth its GPUs only if its bottleneck is at least 2% lower."""
 
 
 def _useful_depths(
     ctx: TemplateContext,
-    sweep_for: Callable[[int], SuffixSweep],
-    deepest: int,
+    sweep: SuffixSweep,
+    first_depth: int,
     b: int,
     stages_of: Callable[[int], list[StageShape]],
-    *,
-    first_depth: int = 1,
-    light: bool = True,
-    sync_depths: bool = True,
 ) -> Iterator[PipelineTemplate]:
-    """Templates of the depths swept from `first_depth` on that pay off: a deeper pipeline
-    must cut the bottleneck or the heaviest stage's gradient bytes (its share of the
-    sync ring) by 2%. Deeper pipelines hold fewer parameters per GPU, so they sync less
-    even where their bottleneck no longer falls (unless `sync_depths` is off). `light`: of
-    the least-bottleneck splits, the one whose heaviest stage holds the fewest parameters
-    (a second DP; templates by the thousand keep the first DP's split)."""
-    best_bottleneck = best_sync = math.inf
-    for depth in range(first_depth, deepest + 1):
-        sweep = sweep_for(depth)
-        if depth > len(sweep.specs):
-            continue
-        template = _template(ctx, sweep, depth, b, stages_of(depth), light=light)
-        if template is None:
-            continue
-        bottleneck = template.bottleneck_s
-        sync = max(data for data, _ in template.sync_parts)
-        if bottleneck < best_bottleneck * IMPROVEMENT \
-                or (sync_depths and sync < best_sync * IMPROVEMENT):
-            best_bottleneck = min(best_bottleneck, bottleneck)
-            best_sync = min(best_sync, sync)
-            yield template
+    """Templates of the depths swept from `first_depth` on that pay off."""
+    best = math.inf
+    for depth in range(first_depth, len(sweep.specs) + 1):
+        bottleneck = sweep.depth_bottleneck(depth)
+        if bottleneck < best * IMPROVEMENT:
+            template = _template(ctx, sweep, depth, b, stages_of(depth))
+            if template is not None:
+                best = bottleneck
+                yield template
 
 
 def _template(
-    ctx: TemplateContext, sweep: SuffixSweep, depth: int, b: int, stages: list[StageShape],
-    *, light: bool = True,
+    ctx: TemplateContext, sweep: SuffixSweep, depth: int, b: int, stages: list[StageShape]
 ) -> PipelineTemplate | None:
     if not math.isfinite(sweep.depth_bottleneck(depth)):
         return None
-    part = sweep.extract_light(depth) if light else sweep.extract(depth)
+    part = sweep.extract(depth)
     if part is None:
         return None
     return _template_from_partition(ctx, sweep.specs, part, b, stages)
