@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from planner.documents import Plan
 from planner.search.assemble import PlacementStyle, build_plan, place, split_batch
-from planner.search.quick import estimate_sync_s, rough_sync_s
+from planner.search.quick import estimate_sync_s, inside_sync_s, rough_sync_s
 from planner.search.tables import ScenarioTables
 from planner.search.templates import PipelineTemplate
 
@@ -85,7 +85,7 @@ def _draft(
     if len(distinct) > 1:
         sync = rough_sync_s(tables, templates)
     elif _inside_one_node(tables, one, len(templates)):
-        sync = _inside_sync_s(tables, one, len(templates))
+        sync = inside_sync_s(tables, one, len(templates))
     else:
         sync = one.sync_s(len(templates))
     return Draft(pipelines=tuple(templates), micro_batches=tuple(counts),
@@ -101,19 +101,6 @@ def _inside_one_node(tables: ScenarioTables, template: PipelineTemplate, n: int)
         return False
     largest = max(c.largest_node for c in tables.classes if c.key == key)
     return n * max(s.tp for s in template.stages) <= largest
-
-
-def _inside_sync_s(tables: ScenarioTables, template: PipelineTemplate, n: int) -> float:
-    """Section 3's sync of `n` replicas whose rings all stay inside one node."""
-    if n <= 1:
-        return 0.0
-    link = tables.scenario.cluster.intra_node[template.stages[0].gpu_type]
-    grad_bytes = tables.scenario.job.grad_bytes
-    bounds = template.partition.bounds
-    return max(2 * (n - 1) / n * float(tables.params[end] - tables.params[start]) * grad_bytes
-               / shape.tp / (link.bandwidth_gb_per_s * 1e9)
-               + 2 * (n - 1) * link.latency_us * 1e-6 * (end - start)
-               for start, end, shape in zip(bounds[:-1], bounds[1:], template.stages, strict=True))
 
 
 def realize(tables: ScenarioTables, chosen: Draft) -> list[Candidate]:

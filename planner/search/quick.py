@@ -18,7 +18,7 @@ from planner.documents import Node, Scenario
 from planner.search.tables import ScenarioTables
 from planner.search.templates import PipelineTemplate
 
-__all__ = ["estimate_sync_s", "rough_sync_s"]
+__all__ = ["estimate_sync_s", "inside_sync_s", "rough_sync_s"]
 
 
 def estimate_sync_s(
@@ -95,6 +95,16 @@ def rough_sync_s(tables: ScenarioTables, templates: Sequence[PipelineTemplate]) 
             rings[held_by] = _ring(tables.scenario, nodes, share)
         bandwidth[layer], latency[layer] = rings[held_by]
     return _worst_stage(tables, distinct, n, bandwidth, latency)
+
+
+def inside_sync_s(tables: ScenarioTables, template: PipelineTemplate, n: int) -> float:
+    """Sync of `n` replicas of a one-type template whose rings all stay inside one node."""
+    if n <= 1:
+        return 0.0
+    link = tables.scenario.cluster.intra_node[template.stages[0].gpu_type]
+    bandwidth = np.full(tables.num_layers, link.bandwidth_gb_per_s * 1e9)
+    latency = np.full(tables.num_layers, link.latency_us * 1e-6)
+    return _worst_stage(tables, [template], n, bandwidth, latency)
 
 
 def _worst_stage(
