@@ -7,7 +7,9 @@ launcher.pipelining`, which pass `--plan plan.json`):
 
 Each process finds its pipeline and stage from its rank, builds its stage's layers under
 the export's module names (torchtitan's: `tok_embeddings`, `layers.<i>`, `norm`,
-`lm_head`), creates every pipeline group with the export's `pp_group_options`, runs one
+`lm_head`), one module and one PipelineStage per chunk (a stage of an interleaved
+pipeline holds several), each run under torch.utils.checkpoint where the stage says
+`recompute`; creates every pipeline group with the export's `pp_group_options`, runs one
 step of the export's schedule class on its pipeline's slice of the global batch, scales
 the gradients by the pipeline's batch share, all-reduces them over the `gradient_sync`
 groups by module name, takes one SGD step and saves its parameters to `DIR/rank<r>.pt`.
@@ -28,6 +30,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed import pipelining
+from torch.utils.checkpoint import checkpoint
 
 from launcher.data import global_batch
 from planner.documents import parse_plan
@@ -50,10 +53,11 @@ class _Output(nn.Module):
 
 
 class StageModule(nn.Module):
-    """A stage's layers named as torchtitan's decoder names them; returns logits on the last
-    stage, hidden states elsewhere."""
+    """A stage's (or a chunk's) layers named as torchtitan's decoder names them; returns
+    logits on the last stage, hidden states elsewhere. With `recompute` the forward keeps
+    only its input and runs again in the backward (full activation recomputation)."""
 
-    def __init__(self, modules: dict[str, nn.Module]) -> None:
+    def __init__(self, modules: dict[str, nn.Module], *, recompute: bool = False) -> None:
         super().__init__()
         self.tok_embeddings = modules.get("tok_embeddings")
         self.layers = nn.ModuleDict({name.removeprefix("layers."): module
@@ -61,8 +65,15 @@ class StageModule(nn.Module):
                                      if name.startswith("layers.")})
         self.norm = modules.get("norm")
         self.lm_head = modules.get("lm_head")
+        self.recompute = recompute
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.recompute and torch.is_grad_enabled():
+            out: torch.Tensor = checkpoint(self._layers, x, use_reentrant=False)
+            return out
+        return self._layers(x)
+
+    def _layers(self, x: torch.Tensor) -> torch.Tensor:
         if self.tok_embeddings is not None:
             x = self.tok_embeddings(x)
         for block in self.layers.values():
@@ -75,7 +86,7 @@ class StageModule(nn.Module):
 
 
 def build_stage_module(model: str, layers: tuple[int, int], module_names: list[list[str]],
-                       *, seed: int) -> StageModule:
+                       *, seed: int, recompute: bool = False) -> StageModule:
     """The layers `[start, end)` of preset `model`, each under its names in `module_names`
     (the export's `layer_module_names`)."""
     spec = get_preset(model)
@@ -89,7 +100,7 @@ def build_stage_module(model: str, layers: tuple[int, int], module_names: list[l
         else:
             (name,) = names
             modules[name] = built
-    return StageModule(modules)
+    return StageModule(modules, recompute=recompute)
 
 
 def _loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -124,25 +135,35 @@ def _new_groups(export: dict[str, Any]) -> tuple[dict[tuple[int, ...], Any], dic
     return sync_groups, pp_groups
 
 
+def _chunks(stage: dict[str, Any]) -> list[dict[str, Any]]:
+    """The stage's chunks, one PipelineStage each; a stage of one range is one chunk."""
+    return stage.get("chunks") or [{"stage_index": stage["stage_index"],
+                                    "layers": stage["layers"]}]
+
+
 def run_step(export: dict[str, Any], rank: int, *, model: str, seed: int = 0, lr: float = 0.1
              ) -> dict[str, torch.Tensor]:
     """One training step of this rank's stage; its parameters after the step, by name."""
     pipeline, stage_entry = _find_role(export, rank)
     sync_groups, pp_groups = _new_groups(export)
-    module = build_stage_module(model, tuple(stage_entry["layers"]),
-                                export["layer_module_names"], seed=seed)
-    stage = pipelining.PipelineStage(module, stage_entry["stage_index"], pipeline["num_stages"],
-                                     torch.device("cpu"), group=pp_groups[pipeline["pipeline"]])
+    num_model_chunks = pipeline.get("num_model_chunks", pipeline["num_stages"])
+    chunks = _chunks(stage_entry)
+    modules = [build_stage_module(model, tuple(chunk["layers"]), export["layer_module_names"],
+                                  seed=seed, recompute=stage_entry.get("recompute", False))
+               for chunk in chunks]
+    stages = [pipelining.PipelineStage(module, chunk["stage_index"], num_model_chunks,
+                                       torch.device("cpu"), group=pp_groups[pipeline["pipeline"]])
+              for module, chunk in zip(modules, chunks, strict=True)]
     schedule_class = getattr(pipelining, pipeline["schedule_class"])
-    schedule = schedule_class(stage, n_microbatches=pipeline["n_microbatches"], loss_fn=_loss)
+    schedule = schedule_class(stages if len(stages) > 1 else stages[0],
+                              n_microbatches=pipeline["n_microbatches"], loss_fn=_loss)
     tokens, labels = global_batch(get_preset(model), export["global_batch_size"], seed=seed,
                                   step=0)
     samples = slice(pipeline["first_sample"], pipeline["first_sample"] + pipeline["num_samples"])
-    is_first = stage_entry["stage_index"] == 0
-    is_last = stage_entry["stage_index"] == pipeline["num_stages"] - 1
-    schedule.step(*([tokens[samples]] if is_first else []),
-                  target=labels[samples] if is_last else None)
-    params = dict(module.named_parameters())
+    indices = {chunk["stage_index"] for chunk in chunks}
+    schedule.step(*([tokens[samples]] if 0 in indices else []),
+                  target=labels[samples] if num_model_chunks - 1 in indices else None)
+    params = {name: param for module in modules for name, param in module.named_parameters()}
     for grad in (p.grad for p in params.values() if p.grad is not None):
         grad.mul_(pipeline["batch_share"])
     _sync_gradients(export, rank, params, sync_groups)

@@ -18,9 +18,10 @@ import shlex
 from collections.abc import Sequence
 from typing import Any
 
-from planner.documents import Plan, Schedule
+from planner.documents import LayerRange, Plan, Schedule, Stage
 from planner.errors import UnsupportedExport
 from planner.export.ranks import RankMap, build_rank_map
+from planner.schedules import model_chunks
 
 __all__ = [
     "DEFAULT_MASTER_PORT",
@@ -34,8 +35,17 @@ __all__ = [
 DEFAULT_MASTER_PORT = 29500
 EMBEDDING, BLOCK, HEAD = "embedding", "block", "head"
 
-# torch.distributed.pipelining's class for each plan schedule.
-PIPELINING_SCHEDULES = {Schedule.ONE_F_ONE_B: "Schedule1F1B", Schedule.GPIPE: "ScheduleGPipe"}
+# torch.distributed.pipelining's class for each plan schedule; a pipeline of several chunks
+# per stage runs INTERLEAVED_CLASS (one chunk per stage runs 1F1B, as the estimator has it).
+PIPELINING_SCHEDULES = {Schedule.ONE_F_ONE_B: "Schedule1F1B", Schedule.GPIPE: "ScheduleGPipe",
+                        Schedule.INTERLEAVED_1F1B: "Schedule1F1B"}
+INTERLEAVED_CLASS = "ScheduleInterleaved1F1B"
+LOCAL_REASON = ("schedule 'local' (local learning); no framework runs local learning: run "
+                "the plan with the reference launcher (hetplan launch, or the torchrun export "
+                "with launcher.train)")
+RECOMPUTE_NOTE = ("Stages with recompute: true keep only each micro-batch's input: run each of "
+                  "their chunk modules as torch.utils.checkpoint.checkpoint(module, x, "
+                  "use_reentrant=False), which runs the forward again in the backward.")
 # Keyword arguments of dist.new_group for a pipeline's group. new_group sorts its ranks by
 # default, and a PipelineStage maps stage i to group rank i, so a pipeline whose stages sit
 # on decreasing ranks would send stage 0's activations to itself (torch 2.13, tested, has it).
@@ -155,48 +165,86 @@ def _torchtitan_names(kinds: Sequence[str], layers: tuple[int, int], *, head: st
     return names
 
 
+def _pipelining_reasons(plan: Plan, schedule: Schedule) -> list[str]:
+    """What torch.distributed.pipelining (torch 2.13, read from its schedules) refuses."""
+    reasons = [] if schedule is not Schedule.LOCAL else [LOCAL_REASON]
+    for p, pipeline in enumerate(plan.pipelines):
+        tps = [s.tp for s in pipeline.stages]
+        if len(set(tps)) > 1:
+            reasons.append(f"pipelines[{p}] mixes TP degrees {tps}; a PipelineStage group links "
+                           "one rank per stage, so every stage of a pipeline needs the same TP "
+                           "degree")
+        num_stages, m = len(pipeline.stages), pipeline.num_micro_batches
+        schedule_class = _pipelining_class(schedule, pipeline.stages[0].num_chunks)
+        rounds = max(1, m // num_stages)
+        if schedule_class == "Schedule1F1B" and m < num_stages:
+            reasons.append(f"pipelines[{p}]: {m} micro-batches on {num_stages} stages; torch's "
+                           "Schedule1F1B needs n_microbatches >= the number of stages")
+        if schedule_class == INTERLEAVED_CLASS and m % rounds:
+            reasons.append(f"pipelines[{p}]: {m} micro-batches on {num_stages} stages; torch's "
+                           f"ScheduleInterleaved1F1B runs max(1, {m} // {num_stages}) = {rounds} "
+                           "rounds and needs n_microbatches to be a multiple of that")
+    return reasons
+
+
+def _pipelining_class(schedule: Schedule, chunks_per_stage: int) -> str:
+    """torch's class for a pipeline: one chunk per stage runs the plain 1F1B order even in
+    an interleaved plan, as the estimator times it."""
+    if schedule is Schedule.INTERLEAVED_1F1B and chunks_per_stage > 1:
+        return INTERLEAVED_CLASS
+    return PIPELINING_SCHEDULES.get(schedule, "Schedule1F1B")
+
+
+def _pipelining_stage(s: int, stage: Stage, num_stages: int, ranks: tuple[int, ...],
+                      kinds: Sequence[str]) -> dict[str, Any]:
+    """A stage entry. Like the plan, a stage of one range has `layers` (one PipelineStage of
+    index s), a stage of several has `chunks`: one PipelineStage each, in the order torch's
+    interleaved schedule takes a rank's stages (chunk j is torch's stage j * S + s)."""
+    chunks = [{"stage_index": j * num_stages + s, "layers": list(layers),
+               "module_names": _torchtitan_names(kinds, layers)}
+              for j, layers in enumerate(stage.ranges)]
+    layers = ({"layers": chunks[0]["layers"], "module_names": chunks[0]["module_names"]}
+              if len(chunks) == 1 else {"chunks": chunks})
+    return {"stage_index": s, **layers, "recompute": stage.recompute, "tp_size": stage.tp,
+            "ranks": list(ranks), "gpu_type": stage.gpu_type}
+
+
 def export_pipelining(plan: Plan, *, layer_kinds: Sequence[str] | None = None,
                       job_schedule: str | None = None) -> dict[str, Any]:
-    """Per pipeline: a schedule class, its stages' layer ranges and module names, and the
-    process groups; the gradient sync across pipelines is left to the caller (pipelining
-    has no data parallelism of its own), given here as the rank map's sync groups."""
+    """Per pipeline: a schedule class, its stages' chunks (layer ranges, module names and
+    torch stage indices) and the process groups; the gradient sync across pipelines is left
+    to the caller (pipelining has no data parallelism of its own), given here as the rank
+    map's sync groups."""
     ranks = build_rank_map(plan)
     kinds = _kinds(ranks.num_layers, layer_kinds)
-    reasons = [
-        f"pipelines[{p}] mixes TP degrees {[s.tp for s in pipeline.stages]}; a PipelineStage "
-        "group links one rank per stage, so every stage of a pipeline needs the same TP degree"
-        for p, pipeline in enumerate(plan.pipelines)
-        if len({s.tp for s in pipeline.stages}) > 1
-    ]
+    schedule = _schedule(plan, job_schedule)
+    reasons = _pipelining_reasons(plan, schedule)
     if reasons:
         raise UnsupportedExport("pipelining", reasons)
-    schedule = _schedule(plan, job_schedule)
-    schedule_class = PIPELINING_SCHEDULES[schedule]
     layer_modules = [_torchtitan_names(kinds, (layer, layer + 1))
                      for layer in range(ranks.num_layers)]
     pipelines = []
     for p, pipeline in enumerate(plan.pipelines):
-        stage_ranks = [ranks.stage_ranks(p, s) for s in range(len(pipeline.stages))]
+        num_stages, v = len(pipeline.stages), pipeline.stages[0].num_chunks
+        stage_ranks = [ranks.stage_ranks(p, s) for s in range(num_stages)]
         share = ranks.pipelines[p]
         pipelines.append({
             "pipeline": p,
-            "schedule_class": schedule_class,
+            "schedule_class": _pipelining_class(schedule, v),
             "n_microbatches": pipeline.num_micro_batches,
             "micro_batch_size": pipeline.micro_batch_size,
             "first_sample": share.first_sample,
             "num_samples": share.num_samples,
             "batch_share": share.batch_share,
-            "num_stages": len(pipeline.stages),
-            "split_points": [stage.layers[0] for stage in pipeline.stages[1:]],
+            "num_stages": num_stages,
+            "chunks_per_stage": v,
+            "num_model_chunks": num_stages * v,
+            "split_points": [start for start, _ in model_chunks(pipeline)[1:]],
             # One PipelineStage group per TP rank: stage s's k-th GPU talks to stage s+1's k-th.
             # Ranks in stage order, which need not be increasing: see PP_GROUP_OPTIONS.
             "pp_groups": [list(group) for group in zip(*stage_ranks, strict=True)],
-            "stages": [
-                {"stage_index": s, "layers": list(stage.layers), "tp_size": stage.tp,
-                 "ranks": list(stage_ranks[s]), "gpu_type": stage.gpu_type,
-                 "module_names": _torchtitan_names(kinds, stage.layers)}
-                for s, stage in enumerate(pipeline.stages)
-            ],
+            "stages": [_pipelining_stage(s, stage, num_stages, stage_ranks[s], kinds)
+                       for s, stage in enumerate(pipeline.stages)],
         })
     return {
         "format": "pipelining",
@@ -217,10 +265,14 @@ def export_pipelining(plan: Plan, *, layer_kinds: Sequence[str] | None = None,
             "Every process creates every pp group, in the order given, with "
             "dist.new_group(ranks, **pp_group_options): sort_ranks=False keeps the stage order, "
             "since a PipelineStage takes the process of group rank i to be stage i.",
-            "Build each pipeline's stages with PipelineStage(submodule, stage_index, num_stages, "
-            "device, group=<its pp group>) and run schedule_class(stage, n_microbatches, "
-            "loss_fn).step(...) on it with the samples [first_sample, first_sample + "
-            "num_samples) of the global batch.",
+            "Build each pipeline's stages with PipelineStage(submodule, stage_index, "
+            "num_model_chunks, device, group=<its pp group>) and run schedule_class(stage, "
+            "n_microbatches, loss_fn).step(...) on it with the samples [first_sample, "
+            "first_sample + num_samples) of the global batch. A stage with chunks builds one "
+            "PipelineStage per chunk (its stage_index) and gives ScheduleInterleaved1F1B the "
+            "list of them, in the listed order.",
+            *([RECOMPUTE_NOTE] if any(s.recompute for p in plan.pipelines for s in p.stages)
+              else []),
             "The schedules average gradients over micro-batches (scale_grads=True); multiply a "
             "pipeline's gradients by its batch_share, then all-reduce (sum) the gradients of "
             "each gradient_sync entry's module_names over its rank_groups before the "
@@ -230,6 +282,33 @@ def export_pipelining(plan: Plan, *, layer_kinds: Sequence[str] | None = None,
 
 
 # ---------------------------------------------------------------- Megatron / DeepSpeed
+
+
+def _chunks_per_stage(plan: Plan) -> int:
+    return max(p.stages[0].num_chunks for p in plan.pipelines)
+
+
+def _effective_schedule(plan: Plan, schedule: Schedule) -> Schedule:
+    """An interleaved plan whose stages all hold one range runs plain 1F1B (section 6 of the
+    cost model, and the estimator, say so)."""
+    if schedule is Schedule.INTERLEAVED_1F1B and _chunks_per_stage(plan) == 1:
+        return Schedule.ONE_F_ONE_B
+    return schedule
+
+
+def _schedule_reasons(plan: Plan, fmt: str, schedule: Schedule,
+                      schedules: Sequence[Schedule]) -> list[str]:
+    effective = _effective_schedule(plan, schedule)
+    if effective is Schedule.LOCAL:
+        return [LOCAL_REASON]
+    if effective in schedules:
+        return []
+    what = (f" with {_chunks_per_stage(plan)} chunks per stage"
+            if effective is Schedule.INTERLEAVED_1F1B else "")
+    return [f"schedule {effective.value!r}{what}; {fmt}'s pipeline engine runs "
+            f"{' or '.join(s.value for s in schedules)}"
+            + ("" if Schedule.INTERLEAVED_1F1B in schedules or not what
+               else " (one layer range per stage, no interleaving)")]
 
 
 def _uniform_reasons(plan: Plan, fmt: str, schedule: Schedule,
@@ -243,8 +322,14 @@ def _uniform_reasons(plan: Plan, fmt: str, schedule: Schedule,
     depths = [len(p.stages) for p in plan.pipelines]
     if len(set(depths)) > 1:
         reasons.append(f"pipelines of different depths {depths}; {fmt} uses one PP degree")
-    splits = [[s.layers[0] for s in p.stages[1:]] for p in plan.pipelines]
-    if len(set(depths)) == 1 and any(split != splits[0] for split in splits):
+    chunks = [p.stages[0].num_chunks for p in plan.pipelines]
+    if len(set(chunks)) > 1:
+        reasons.append(f"pipelines of different chunks per stage {chunks}; {fmt}'s "
+                       "data-parallel replicas all split the model the same way")
+    # Where model chunks 1.. begin: the stage boundaries when every stage holds one range.
+    splits = [[start for start, _ in model_chunks(p)[1:]] for p in plan.pipelines]
+    if (len(set(depths)) == 1 and len(set(chunks)) == 1
+            and any(split != splits[0] for split in splits)):
         reasons.append(f"asymmetric pipelines: stage boundaries differ {splits}; {fmt}'s "
                        "data-parallel replicas all split the model the same way")
     micro_batches = [p.micro_batch_size for p in plan.pipelines]
@@ -254,10 +339,18 @@ def _uniform_reasons(plan: Plan, fmt: str, schedule: Schedule,
     if len(set(counts)) > 1:
         reasons.append(f"mixed micro-batch counts {counts}; {fmt} gives every data-parallel "
                        "replica the same number of micro-batches")
-    if schedule not in schedules:
-        reasons.append(f"schedule {schedule.value!r}; {fmt}'s pipeline engine runs "
-                       f"{' or '.join(s.value for s in schedules)}")
-    return reasons
+    return reasons + _schedule_reasons(plan, fmt, schedule, schedules)
+
+
+def _recompute_all(plan: Plan, fmt: str) -> tuple[bool, list[str]]:
+    """Whether every stage recomputes; a reason when only some do, since the frameworks'
+    recomputation settings hold for every stage alike."""
+    flags = [[s.recompute for s in p.stages] for p in plan.pipelines]
+    every = [flag for stages in flags for flag in stages]
+    if all(every) or not any(every):
+        return all(every), []
+    return False, [f"recompute on some stages only {flags}; {fmt}'s activation recomputation "
+                   "settings apply to every stage alike"]
 
 
 # Rank orders a (TP, PP, DP) grid can use, fastest-varying first.
@@ -322,10 +415,11 @@ def _kind_reasons(kinds: Sequence[str], fmt: str) -> list[str]:
     return [f"layer kinds {list(kinds)}; {fmt} builds embedding, blocks, head in that order"]
 
 
-def _megatron_layout(kinds: Sequence[str], plan: Plan) -> str:
+def _megatron_layout(kinds: Sequence[str], chunks: Sequence[LayerRange]) -> str:
+    """Megatron's layout string, one segment per model chunk in model order (Megatron reads
+    segment j * PP + s as virtual stage j of pipeline rank s, as the plan numbers chunks)."""
     letters = {EMBEDDING: "E", BLOCK: "t", HEAD: "L"}
-    return "|".join("".join(letters[k] for k in kinds[s.layers[0]: s.layers[1]])
-                    for s in plan.pipelines[0].stages)
+    return "|".join("".join(letters[k] for k in kinds[start:end]) for start, end in chunks)
 
 
 def _megatron_split_args(blocks_per_stage: list[int], layout: str) -> list[str]:
@@ -341,38 +435,89 @@ def _megatron_split_args(blocks_per_stage: list[int], layout: str) -> list[str]:
     return ["--pipeline-model-parallel-layout", layout]
 
 
+def _megatron_virtual_args(blocks_per_chunk: list[int], chunks_per_stage: int, layout: str
+                           ) -> list[str]:
+    if len(set(blocks_per_chunk)) == 1:
+        # Megatron's even split, model chunk by model chunk.
+        return ["--num-virtual-stages-per-pipeline-rank", str(chunks_per_stage)]
+    # The first/last-stage counts give every chunk of a stage the same blocks; only the layout
+    # says an uneven interleaved split (it also sets the virtual size: segments / PP).
+    return ["--pipeline-model-parallel-layout", layout]
+
+
+def _megatron_interleave_reasons(plan: Plan) -> list[str]:
+    first = plan.pipelines[0]
+    pp, v, m = len(first.stages), first.stages[0].num_chunks, first.num_micro_batches
+    if v == 1:
+        return []
+    if pp == 1:
+        return [f"{v} chunks on a single stage; Megatron-LM interleaves model chunks across "
+                "pipeline ranks, so with pipeline_model_parallel_size 1 give the stage one range"]
+    if m % pp:
+        return [f"{m} micro-batches on {pp} stages; Megatron-LM's interleaved schedule runs "
+                "micro-batches in groups of pipeline_model_parallel_size, which must divide "
+                "their number"]
+    return []
+
+
+def _megatron_recompute(plan: Plan, blocks_per_chunk: list[int]
+                        ) -> tuple[list[str], list[str]]:
+    """(arguments, reasons). Megatron checkpoints units of --recompute-num-layers blocks from
+    the start of each chunk's blocks; the plan's recompute keeps one input per chunk, so the
+    unit must be the whole chunk: every chunk with blocks holds the same number."""
+    every, reasons = _recompute_all(plan, "Megatron-LM")
+    if reasons or not every:
+        return [], reasons
+    counts = sorted({n for n in blocks_per_chunk if n > 0})
+    if len(counts) > 1:
+        return [], [f"recompute with {counts} blocks per chunk; Megatron-LM recomputes units of "
+                    "--recompute-num-layers blocks, and no one unit makes each chunk a single "
+                    "unit that keeps only its input, as the plan's recompute does"]
+    return ["--recompute-granularity", "full", "--recompute-method", "uniform",
+            "--recompute-num-layers", str(counts[0] if counts else 1)], []
+
+
 def export_megatron(plan: Plan, *, layer_kinds: Sequence[str] | None = None,
                     job_schedule: str | None = None) -> dict[str, Any]:
     """Megatron-LM arguments for a plan whose pipelines are identical replicas."""
     ranks = build_rank_map(plan)
     kinds = _kinds(ranks.num_layers, layer_kinds)
-    reasons = (_uniform_reasons(plan, "Megatron-LM", _schedule(plan, job_schedule))
+    reasons = (_uniform_reasons(plan, "Megatron-LM", _schedule(plan, job_schedule),
+                                (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B))
                + _kind_reasons(kinds, "Megatron-LM"))
+    first = plan.pipelines[0]
+    chunks = model_chunks(first)
+    blocks_per_chunk = [sum(1 for k in kinds[start:end] if k == BLOCK) for start, end in chunks]
+    recompute_args, recompute_reasons = _megatron_recompute(plan, blocks_per_chunk)
+    reasons += _megatron_interleave_reasons(plan) + recompute_reasons
     if not reasons:
         order, nodes, placement_reasons = _placement_in_some_order(plan, ranks)
         reasons += placement_reasons
     if reasons:
         raise UnsupportedExport("megatron", reasons)
-    first = plan.pipelines[0]
     tp, pp, dp = first.stages[0].tp, len(first.stages), len(plan.pipelines)
-    blocks_per_stage = [sum(1 for k in kinds[s.layers[0]: s.layers[1]] if k == BLOCK)
-                        for s in first.stages]
+    v = first.stages[0].num_chunks
+    blocks_per_stage = [sum(blocks_per_chunk[j * pp + s] for j in range(v)) for s in range(pp)]
     num_blocks = sum(blocks_per_stage)
-    layout = _megatron_layout(kinds, plan)
+    layout = _megatron_layout(kinds, chunks)
     args = [
         "--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", str(pp),
         "--num-layers", str(num_blocks), "--micro-batch-size", str(first.micro_batch_size),
         "--global-batch-size", str(ranks.global_batch_size),
-        *_megatron_split_args(blocks_per_stage, layout),
+        *(_megatron_split_args(blocks_per_stage, layout) if v == 1
+          else _megatron_virtual_args(blocks_per_chunk, v, layout)),
+        *recompute_args,
         *(["--use-tp-pp-dp-mapping"] if order == TP_PP_DP else []),
     ]
     return {
         "format": "megatron",
         "tensor_model_parallel_size": tp,
         "pipeline_model_parallel_size": pp,
+        "virtual_pipeline_model_parallel_size": v,
         "data_parallel_size": dp,
         "num_layers": num_blocks,
         "blocks_per_stage": blocks_per_stage,
+        "blocks_per_chunk": blocks_per_chunk,
         "pipeline_model_parallel_layout": layout,
         "rank_order": order,
         "args": args,
@@ -382,9 +527,22 @@ def export_megatron(plan: Plan, *, layer_kinds: Sequence[str] | None = None,
             "torchrun --node-rank=<node_rank> --nproc-per-node=<nproc_per_node> and its "
             "CUDA_VISIBLE_DEVICES so that rank r lands on the plan's GPU.",
             "GPU types do not appear: Megatron treats every GPU alike.",
+            *_megatron_notes(args, blocks_per_chunk),
             *_schedule_notes(plan, job_schedule),
         ],
     }
+
+
+def _megatron_notes(args: list[str], blocks_per_chunk: list[int]) -> list[str]:
+    notes = []
+    if "--num-virtual-stages-per-pipeline-rank" in args:
+        notes.append("Megatron-LM releases without --num-virtual-stages-per-pipeline-rank take "
+                     f"--num-layers-per-virtual-pipeline-stage {blocks_per_chunk[0]} instead.")
+    if "--recompute-granularity" in args:
+        notes.append("Megatron-LM recomputes transformer blocks only: the embedding and the "
+                     "output layer keep their activations, which the plan counts only as its "
+                     "largest layer's on a recomputing stage.")
+    return notes
 
 
 def export_deepspeed(
@@ -399,6 +557,8 @@ def export_deepspeed(
                + _kind_reasons(kinds, "DeepSpeed"))
     if zero_stage not in (0, 1):
         reasons.append(f"zero_stage {zero_stage}; DeepSpeed's pipeline engine supports ZeRO 0 or 1")
+    recompute, recompute_reasons = _recompute_all(plan, "DeepSpeed")
+    reasons += recompute_reasons
     if not reasons:
         order, nodes, placement_reasons = _placement_in_some_order(plan, ranks)
         reasons += placement_reasons
@@ -408,6 +568,9 @@ def export_deepspeed(
     tp, pp, dp = first.stages[0].tp, len(first.stages), len(plan.pipelines)
     layer_counts = [s.layers[1] - s.layers[0] for s in first.stages]
     even = len(set(layer_counts)) == 1
+    # One checkpointed group per stage (PipelineModule groups activation_checkpoint_interval
+    # layers from each stage's first): only the stage's input is kept, as the plan has it.
+    interval = max(layer_counts) if recompute else 0
     ds_config: dict[str, Any] = {
         "train_batch_size": ranks.global_batch_size,
         "train_micro_batch_size_per_gpu": first.micro_batch_size,
@@ -417,6 +580,10 @@ def export_deepspeed(
     if zero_stage > 0:
         # ZeRO refuses optimizers DeepSpeed did not write (torch.optim.*) without this.
         ds_config["zero_allow_untested_optimizer"] = True
+    if recompute:
+        # The default reentrant checkpoint gives no gradient to a group whose input needs none
+        # (the first stage's token ids): the embedding would not train.
+        ds_config["pipeline"] = {"use_reentrant": False}
     return {
         "format": "deepspeed",
         "pipeline_module": {
@@ -427,6 +594,7 @@ def export_deepspeed(
             "stage_bounds": [0, *(stage.layers[1] for stage in first.stages)],
             "layer_counts": layer_counts,
             "layer_kinds": list(kinds),
+            "activation_checkpoint_interval": interval,
         },
         # ProcessTopology lists axes slowest first; PipeModelDataParallelTopology is the
         # tp-dp-pp case.
@@ -447,6 +615,11 @@ def export_deepspeed(
             *(["TP inside a DeepSpeed pipeline needs a Megatron-style mpu (Megatron-DeepSpeed); "
                "with tp > 1 pass topology to PipelineModule and build TP layers."]
               if tp > 1 else []),
+            *([f"Recompute: PipelineModule(..., activation_checkpoint_interval={interval}) "
+               "checkpoints each stage's layers as one group (its input kept, the forward run "
+               "again in the backward); ds_config.pipeline.use_reentrant false makes it "
+               "DeepSpeed's non-reentrant checkpoint, under which the first stage's embedding "
+               "still gets its gradient."] if recompute else []),
             *_schedule_notes(plan, job_schedule),
         ],
     }

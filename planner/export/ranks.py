@@ -13,7 +13,9 @@ Groups:
 - a link per pair of neighbouring stages: activations go from the first GPU
   of a stage to the first GPU of the next, gradients come back the same way,
   and the receiving stage broadcasts over its TP group (the cost model charges
-  transfers on the link between first GPUs, section 3);
+  transfers on the link between first GPUs, section 3). A pipeline whose
+  stages hold several chunks (interleaved-1f1b) also links its last stage back
+  to its first: model chunk `j * S + S - 1` feeds chunk `(j + 1) * S` there;
 - gradient-sync groups: consecutive layers held by the same set of stages (one
   per pipeline) share one entry. When every holder has the same TP degree, TP
   rank `t` of each holder all-reduces with TP rank `t` of the others
@@ -27,8 +29,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from planner.documents import Plan, Schedule
+from planner.documents import LayerRange, Pipeline, Plan, Schedule
 from planner.errors import InvalidPlan, Problem
+from planner.schedules import chunk_layout_errors
 
 __all__ = [
     "RANK_MAP_FORMAT",
@@ -65,7 +68,23 @@ class RankInfo:
     stage: int
     tp_rank: int
     tp_size: int
-    layers: tuple[int, int]
+    chunks: tuple[LayerRange, ...]
+    """The stage's layer ranges: one, or under interleaved-1f1b chunk `j` of stage `s`,
+    model chunk `j * S + s`, in chunk order."""
+    recompute: bool = False
+    """The stage keeps only each micro-batch's input and runs its forward again before the
+    backward (full activation recomputation)."""
+
+    @property
+    def layers(self) -> LayerRange:
+        """The stage's one layer range; `InvalidPlan` for a stage of several chunks, which
+        code reading one range per stage must not guess at (read `chunks`)."""
+        if len(self.chunks) == 1:
+            return self.chunks[0]
+        raise InvalidPlan([Problem(
+            path=f"ranks[{self.rank}].chunks", value=[list(c) for c in self.chunks],
+            message="this stage holds several layer chunks (interleaved-1f1b); read `chunks`, "
+                    "not `layers`")])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,7 +122,8 @@ class StageLink:
     from_stage: int
     to_stage: int
     src_rank: int
-    """First GPU of `from_stage`: sends activations, receives gradients."""
+    """First GPU of `from_stage`: sends activations, receives gradients. Under
+    interleaved-1f1b the last stage also links back to the first (`to_stage` 0)."""
     dst_rank: int
     """First GPU of `to_stage`: receives activations, sends gradients."""
 
@@ -165,18 +185,15 @@ def _gpu_name_ok(name: str) -> bool:
 
 def _check_structure(plan: Plan) -> int:
     """The model's layer count; `InvalidPlan` listing every reason the plan cannot be given
-    ranks (a GPU named twice or badly, gaps in a pipeline's layers, tp not matching GPUs)."""
+    ranks (a GPU named twice or badly, gaps in a pipeline's layers or chunks, tp not
+    matching GPUs)."""
     problems: list[Problem] = []
     seen: set[str] = set()
-    num_layers = plan.pipelines[0].stages[-1].layers[1]
+    num_layers = max(end for stage in plan.pipelines[0].stages for _, end in stage.ranges)
     for p, pipeline in enumerate(plan.pipelines):
-        start = 0
+        problems += _layer_problems(p, pipeline, num_layers)
         for s, stage in enumerate(pipeline.stages):
             where = f"pipelines[{p}].stages[{s}]"
-            if stage.layers[0] != start or stage.layers[1] <= start:
-                problems.append(Problem(
-                    path=f"{where}.layers", value=list(stage.layers),
-                    message=f"stages must cover the layers contiguously from {start}, none empty"))
             if len(stage.gpus) != stage.tp:
                 problems.append(Problem(
                     path=f"{where}.gpus", value=len(stage.gpus),
@@ -189,15 +206,29 @@ def _check_structure(plan: Plan) -> int:
                     problems.append(Problem(path=f"{where}.gpus", value=gpu,
                                             message="GPU used twice; use each GPU once"))
                 seen.add(gpu)
-            start = max(start, stage.layers[1])
-        if start != num_layers:
-            problems.append(Problem(
-                path=f"pipelines[{p}]", value=[0, start],
-                message=f"covers other layers than pipelines[0], [0, {num_layers}); every "
-                        "pipeline must hold the whole model"))
     if problems:
         raise InvalidPlan(problems)
     return num_layers
+
+
+def _layer_problems(p: int, pipeline: Pipeline, num_layers: int) -> list[Problem]:
+    """Stages (or, with chunks, model chunks) covering [0, num_layers) in order."""
+    if any(stage.chunks is not None for stage in pipeline.stages):
+        return [Problem(path=f"pipelines[{p}]", message=error)
+                for error in chunk_layout_errors(f"pipelines[{p}]", pipeline, num_layers)]
+    problems, start = [], 0
+    for s, stage in enumerate(pipeline.stages):
+        if stage.layers[0] != start or stage.layers[1] <= start:
+            problems.append(Problem(
+                path=f"pipelines[{p}].stages[{s}].layers", value=list(stage.layers),
+                message=f"stages must cover the layers contiguously from {start}, none empty"))
+        start = max(start, stage.layers[1])
+    if start != num_layers:
+        problems.append(Problem(
+            path=f"pipelines[{p}]", value=[0, start],
+            message=f"covers other layers than pipelines[0], [0, {num_layers}); every "
+                    "pipeline must hold the whole model"))
+    return problems
 
 
 def _number_nodes(plan: Plan) -> tuple[tuple[NodeRanks, ...], dict[str, tuple[int, int, int]]]:
@@ -225,7 +256,7 @@ def _sync_groups(plan: Plan, num_layers: int, ranks_of: dict[tuple[int, int], tu
         refs = []
         for p, pipeline in enumerate(plan.pipelines):
             for s, stage in enumerate(pipeline.stages):
-                if stage.layers[0] <= layer < stage.layers[1]:
+                if any(start <= layer < end for start, end in stage.ranges):
                     refs.append(StageRef(pipeline=p, stage=s, tp_size=stage.tp))
         return tuple(refs)
 
@@ -275,17 +306,30 @@ def build_rank_map(plan: Plan) -> RankMap:
                 ranks.append(RankInfo(
                     rank=rank, gpu=gpu, node=nodes[node_rank].name, node_rank=node_rank,
                     local_rank=local_rank, device_index=_split_gpu(gpu)[1], pipeline=p,
-                    stage=s, tp_rank=tp_rank, tp_size=stage.tp, layers=stage.layers))
+                    stage=s, tp_rank=tp_rank, tp_size=stage.tp, chunks=tuple(stage.ranges),
+                    recompute=stage.recompute))
             ranks_of[p, s] = tuple(stage_ranks)
             tp_groups.append(TpGroup(pipeline=p, stage=s, ranks=tuple(stage_ranks)))
             if s > 0:
                 links.append(StageLink(pipeline=p, from_stage=s - 1, to_stage=s,
                                        src_rank=ranks_of[p, s - 1][0], dst_rank=stage_ranks[0]))
+        last = len(pipeline.stages) - 1
+        if last > 0 and pipeline.stages[0].num_chunks > 1:
+            links.append(StageLink(pipeline=p, from_stage=last, to_stage=0,
+                                   src_rank=ranks_of[p, last][0], dst_rank=ranks_of[p, 0][0]))
     return RankMap(
         world_size=len(ranks), num_layers=num_layers, global_batch_size=global_batch,
         schedule=plan.schedule, nodes=nodes, ranks=tuple(sorted(ranks, key=lambda r: r.rank)),
         pipelines=tuple(shares), tp_groups=tuple(tp_groups), stage_links=tuple(links),
         sync_groups=_sync_groups(plan, num_layers, ranks_of))
+
+
+def _rank_layers(info: RankInfo) -> dict[str, Any]:
+    """As the plan writes a stage: `layers` for one range, else `chunks`; `recompute` only
+    when true."""
+    layers: dict[str, Any] = ({"layers": list(info.chunks[0])} if len(info.chunks) == 1
+                              else {"chunks": [list(c) for c in info.chunks]})
+    return layers | ({"recompute": True} if info.recompute else {})
 
 
 def rank_map(plan: Plan) -> dict[str, Any]:
@@ -306,7 +350,7 @@ def rank_map(plan: Plan) -> dict[str, Any]:
             {"rank": r.rank, "gpu": r.gpu, "node": r.node, "node_rank": r.node_rank,
              "local_rank": r.local_rank, "device_index": r.device_index,
              "pipeline": r.pipeline, "stage": r.stage, "tp_rank": r.tp_rank,
-             "tp_size": r.tp_size, "layers": list(r.layers)}
+             "tp_size": r.tp_size, **_rank_layers(r)}
             for r in built.ranks
         ],
         "pipelines": [

@@ -1,6 +1,8 @@
 """The pipelining export runs for real: torchrun starts the processes with the commands of
 the torchrun export, each runs torch.distributed.pipelining from the pipelining export
-alone (launcher/pipelining.py), and one step matches one process on the whole batch."""
+alone (launcher/pipelining.py), and one step matches one process on the whole batch:
+1F1B on decreasing ranks, ScheduleInterleaved1F1B with two chunks per rank, and stages
+that recompute their forward under torch.utils.checkpoint."""
 
 from __future__ import annotations
 
@@ -9,17 +11,21 @@ import os
 import socket
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
+from launcher.pipelining import build_stage_module  # noqa: E402
 from launcher.reference import reference_weights  # noqa: E402
-from planner import parse_plan  # noqa: E402
+from planner import evaluate, parse_plan, parse_scenario  # noqa: E402
 from planner.export import export_plan  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
+DATA = Path(__file__).parent / "data"
 TOLERANCE = 1e-6  # fp32, micro-batch sums in another order (observed ~1e-8)
 LR = 0.1
 
@@ -72,23 +78,77 @@ def _reference_name(module_names: list[list[str]], name: str) -> tuple[int, str]
     raise KeyError(name)
 
 
-def test_pipeline_on_decreasing_ranks_trains_like_one_process(tmp_path: Path) -> None:
+def _run_and_compare(document: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
+    """Runs the plan under torchrun and asserts every saved weight is within TOLERANCE of
+    one process's step; the export, for the caller's own checks."""
     plan_path = tmp_path / "plan.json"
-    plan_path.write_text(json.dumps(DECREASING))
+    plan_path.write_text(json.dumps(document))
     _run_torchrun_export(plan_path, tmp_path)
-    export = export_plan(parse_plan(DECREASING), "pipelining")
-    assert export["pipelines"][0]["pp_groups"] == [[1, 0]]
+    export = export_plan(parse_plan(document), "pipelining")
     expected, _ = reference_weights("tiny-gpt", export["global_batch_size"], lr=LR)
     initial, _ = reference_weights("tiny-gpt", export["global_batch_size"], lr=0.0)
     largest_step = largest_difference = 0.0
+    trained: Counter[int] = Counter()
     for rank in range(export["world_size"]):
         weights = torch.load(tmp_path / f"rank{rank}.pt")
         assert weights, f"rank {rank} saved no parameters"
         for name, tensor in weights.items():
             layer, reference_name = _reference_name(export["layer_module_names"], name)
+            trained[layer] += 1
             want = expected[layer][reference_name]
             largest_difference = max(largest_difference, (tensor - want).abs().max().item())
             largest_step = max(largest_step,
                                (want - initial[layer][reference_name]).abs().max().item())
+    # Every layer trained by one stage per pipeline, and no rank trained another's layers.
+    holders = Counter(layer for p in parse_plan(document).pipelines for s in p.stages
+                      for start, end in s.ranges for layer in range(start, end))
+    assert {layer: trained[layer] // len(expected[layer]) for layer in trained} == holders
+    print(f"largest difference {largest_difference:.2e}, largest step {largest_step:.2e}")
     assert largest_difference < TOLERANCE
     assert largest_step > 1000 * TOLERANCE  # the step moved the weights: the test can fail
+    return export
+
+
+def test_pipeline_on_decreasing_ranks_trains_like_one_process(tmp_path: Path) -> None:
+    export = _run_and_compare(DECREASING, tmp_path)
+    assert export["pipelines"][0]["pp_groups"] == [[1, 0]]
+
+
+def _fixture(name: str) -> dict[str, Any]:
+    """A hand-made plan of tests/launcher/data for tiny-gpt, valid for the estimator on
+    tiny-scenario.json (4 CPU 'GPUs' of node n)."""
+    document: dict[str, Any] = json.loads((DATA / f"{name}.plan.json").read_text())
+    scenario = parse_scenario(json.loads((DATA / "tiny-scenario.json").read_text()))
+    judged = evaluate(scenario, parse_plan(document))
+    assert judged.valid, judged.errors
+    return document
+
+
+def test_interleaved_pipeline_with_two_chunks_per_rank_trains_like_one_process(
+        tmp_path: Path) -> None:
+    export = _run_and_compare(_fixture("tiny-interleaved"), tmp_path)
+    (pipeline,) = export["pipelines"]
+    assert pipeline["schedule_class"] == "ScheduleInterleaved1F1B"
+    assert [[c["stage_index"] for c in s["chunks"]] for s in pipeline["stages"]] == [[0, 2],
+                                                                                  [1, 3]]
+
+
+def test_recomputing_stages_train_like_one_process(tmp_path: Path) -> None:
+    # Pipeline 0 interleaved, its stage 1 recomputing; pipeline 1 one range per stage
+    # (Schedule1F1B), its stage 0 recomputing.
+    export = _run_and_compare(_fixture("tiny-interleaved-recompute"), tmp_path)
+    assert [[s["recompute"] for s in p["stages"]] for p in export["pipelines"]] == [
+        [False, True], [True, False]]
+    assert [p["schedule_class"] for p in export["pipelines"]] == [
+        "ScheduleInterleaved1F1B", "Schedule1F1B"]
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_recompute_runs_the_stage_forward_again_in_the_backward(recompute: bool) -> None:
+    names = export_plan(parse_plan(DECREASING), "pipelining")["layer_module_names"]
+    module = build_stage_module("tiny-gpt", (0, 3), names, seed=0, recompute=recompute)
+    calls = []
+    module.layers["0"].register_forward_hook(lambda *_: calls.append(1))
+    tokens = torch.zeros(2, 32, dtype=torch.long)
+    module(tokens).sum().backward()
+    assert len(calls) == (2 if recompute else 1)

@@ -1,8 +1,10 @@
 """The torchtitan export, read by torchtitan itself (0.3 from PyPI): its ConfigManager
-parses the exported flags into its own ParallelismConfig and TrainingConfig, its
-ParallelDims accepts the degrees for the plan's world size, and its own stage split names
-modules as the export does. torchtitan's model registries need triton (absent with CPU
-torch), so the flags are parsed over a config of torchtitan's sections alone."""
+parses the exported flags into its own ParallelismConfig, TrainingConfig and activation
+checkpointing policy, its ParallelDims accepts the degrees for the plan's world size, its
+own stage split names modules as the export does, and its looped stage numbering gives
+every rank of an interleaved plan the plan's chunks. torchtitan's model registries need
+triton (absent with CPU torch), so the flags are parsed over a config of torchtitan's
+sections alone."""
 
 from __future__ import annotations
 
@@ -19,9 +21,15 @@ pytest.importorskip("torchtitan")
 
 from torchtitan.config.configs import ParallelismConfig, TrainingConfig  # noqa: E402
 from torchtitan.config.manager import ConfigManager  # noqa: E402
+from torchtitan.distributed.activation_checkpoint import (  # noqa: E402
+    ActivationCheckpointingConfig,
+    FullAC,
+    SelectiveAC,
+)
 from torchtitan.distributed.parallel_dims import ParallelDims  # noqa: E402
 from torchtitan.distributed.pipeline_parallel import (  # noqa: E402
     _generate_llm_fqn_per_model_part,
+    _get_pp_rank_to_stage_indices_mapping,
 )
 
 from planner import UnsupportedExport, parse_plan  # noqa: E402
@@ -39,6 +47,9 @@ class _Sections:
     hf_assets_path: str = "."
     parallelism: ParallelismConfig = dataclasses.field(default_factory=ParallelismConfig)
     training: TrainingConfig = dataclasses.field(default_factory=TrainingConfig)
+    # As in torchtitan's Trainer.Config, selective unless the flags say otherwise.
+    activation_checkpoint: ActivationCheckpointingConfig = dataclasses.field(
+        default_factory=SelectiveAC.Config)
 
 
 @pytest.fixture(autouse=True)
@@ -72,11 +83,30 @@ def _plan(tp: int, splits: list[int], num_pipelines: int, *, schedule: str | Non
         for p in range(num_pipelines)]})
 
 
+def _interleaved(tp: int, bounds: list[int], num_stages: int, num_pipelines: int, *,
+                 recompute: bool = False, num_micro_batches: int = 4) -> Plan:
+    """As `_plan`, but model chunk c = [bounds[c], bounds[c+1]) on stage c % num_stages."""
+    document = _plan(tp, bounds[: num_stages + 1], num_pipelines,
+                     num_micro_batches=num_micro_batches).model_dump(mode="json",
+                                                                    exclude_none=True)
+    num_chunks = len(bounds) - 1
+    for pipeline in document["pipelines"]:
+        for s, stage in enumerate(pipeline["stages"]):
+            del stage["layers"]
+            stage["chunks"] = [[bounds[c], bounds[c + 1]]
+                               for c in range(s, num_chunks, num_stages)]
+            stage["recompute"] = recompute
+    return parse_plan(document | {"schedule": "interleaved-1f1b"})
+
+
 # 10 layers: embedding, 8 blocks, head.
 PLANS = {
     "even-tp2-pp2-dp2": _plan(2, [0, 5, 10], 2),
     "uneven-pp3-gpipe": _plan(1, [0, 1, 8, 10], 1, schedule="gpipe"),
     "no-pipeline-dp4": _plan(1, [0, 10], 4, num_micro_batches=3),
+    "interleaved-pp2-v2-dp2-recompute": _interleaved(1, [0, 3, 5, 8, 10], 2, 2, recompute=True),
+    "interleaved-uneven-pp2-v3": _interleaved(2, [0, 1, 3, 5, 6, 8, 10], 2, 1,
+                                              num_micro_batches=6),
 }
 
 
@@ -109,6 +139,45 @@ def test_micro_batches_come_out_as_the_plan_has_them(name: str) -> None:
     else:  # micro-batches become gradient accumulation
         assert (training.local_batch_size, accumulation) == (
             first.micro_batch_size, first.num_micro_batches)
+
+
+@pytest.mark.parametrize("name", sorted(PLANS))
+def test_activation_checkpointing_is_full_where_the_plan_recomputes_else_off(name: str) -> None:
+    plan = PLANS[name]
+    policy = _parse(export_plan(plan, "torchtitan")["args"]).activation_checkpoint
+    recompute = plan.pipelines[0].stages[0].recompute
+    assert isinstance(policy, FullAC.Config) if recompute else policy is None
+
+
+@pytest.mark.parametrize("name", [n for n in sorted(PLANS) if "interleaved" in n])
+def test_torchtitans_stage_numbering_gives_each_rank_the_plans_chunks(name: str) -> None:
+    plan = PLANS[name]
+    parallelism = _parse(export_plan(plan, "torchtitan")["args"]).parallelism
+    assert parallelism.pipeline_parallel_schedule == "Interleaved1F1B"
+    parts = parallelism.module_fqns_per_model_part
+    pp = parallelism.pipeline_parallel_degree
+    names = export_plan(plan, "pipelining")["layer_module_names"]
+    for s, stage in enumerate(plan.pipelines[0].stages):
+        held = _get_pp_rank_to_stage_indices_mapping(s, pp, "Interleaved1F1B", len(parts))
+        assert [parts[i] for i in held] == [
+            [n for layer in range(*chunk) for n in names[layer]] for chunk in stage.ranges]
+
+
+def test_interleaved_plan_of_one_stage_or_partial_recompute_is_refused() -> None:
+    single = _interleaved(1, [0, 5, 10], 1, 1)
+    with pytest.raises(UnsupportedExport, match="pipeline_parallel_degree > 1"):
+        export_plan(single, "torchtitan")
+    document = PLANS["interleaved-pp2-v2-dp2-recompute"].model_dump(mode="json",
+                                                                    exclude_none=True)
+    document["pipelines"][0]["stages"][1]["recompute"] = False
+    with pytest.raises(UnsupportedExport, match="recompute on some stages only"):
+        export_plan(parse_plan(document), "torchtitan")
+
+
+def test_local_learning_is_refused_with_the_reference_launcher_named() -> None:
+    document = PLANS["even-tp2-pp2-dp2"].model_dump(mode="json", exclude_none=True)
+    with pytest.raises(UnsupportedExport, match="no framework runs local learning"):
+        export_plan(parse_plan(document | {"schedule": "local"}), "torchtitan")
 
 
 def test_even_split_names_modules_as_torchtitans_own_split_does() -> None:
