@@ -84,9 +84,11 @@ def run_step(ctx: Any, export: dict[str, Any], model: str, seed: int, lr: float
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     deepspeed.init_distributed(dist_backend="gloo")
     topology = ProcessTopology(axes=export["topology"]["axes"], dims=export["topology"]["dims"])
-    module = BoundedPipelineModule(_preset_layers(model, seed),
-                                   stage_bounds=export["pipeline_module"]["stage_bounds"],
-                                   topology=topology, loss_fn=_loss)
+    pipeline_module = export["pipeline_module"]
+    module = BoundedPipelineModule(
+        _preset_layers(model, seed), stage_bounds=pipeline_module["stage_bounds"],
+        topology=topology, loss_fn=_loss,
+        activation_checkpoint_interval=pipeline_module.get("activation_checkpoint_interval", 0))
     optimizer = torch.optim.SGD(module.parameters(), lr=lr)
     engine, *_ = deepspeed.initialize(model=module, optimizer=optimizer,
                                       config=export["ds_config"])

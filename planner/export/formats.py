@@ -209,6 +209,15 @@ def _pipelining_stage(s: int, stage: Stage, num_stages: int, ranks: tuple[int, .
             "ranks": list(ranks), "gpu_type": stage.gpu_type}
 
 
+def _flex_order_notes(plan: Plan) -> list[str]:
+    return [f"pipelines[{p}]: {pipeline.num_micro_batches} micro-batches are not a multiple of "
+            f"its {len(pipeline.stages)} stages: torch runs its own interleaved order, not the "
+            "one the plan was estimated on (the cost model's interleaved-1f1b needs a multiple)."
+            for p, pipeline in enumerate(plan.pipelines)
+            if pipeline.stages[0].num_chunks > 1
+            and pipeline.num_micro_batches % len(pipeline.stages)]
+
+
 def export_pipelining(plan: Plan, *, layer_kinds: Sequence[str] | None = None,
                       job_schedule: str | None = None) -> dict[str, Any]:
     """Per pipeline: a schedule class, its stages' chunks (layer ranges, module names and
@@ -273,6 +282,7 @@ def export_pipelining(plan: Plan, *, layer_kinds: Sequence[str] | None = None,
             "list of them, in the listed order.",
             *([RECOMPUTE_NOTE] if any(s.recompute for p in plan.pipelines for s in p.stages)
               else []),
+            *_flex_order_notes(plan),
             "The schedules average gradients over micro-batches (scale_grads=True); multiply a "
             "pipeline's gradients by its batch_share, then all-reduce (sum) the gradients of "
             "each gradient_sync entry's module_names over its rank_groups before the "
@@ -545,6 +555,14 @@ def _megatron_notes(args: list[str], blocks_per_chunk: list[int]) -> list[str]:
     return notes
 
 
+def _deepspeed_recompute_note(interval: int) -> str:
+    return (f"Recompute: PipelineModule(..., activation_checkpoint_interval={interval}) "
+            "checkpoints each stage's layers as one group (its input kept, the forward run "
+            "again in the backward); ds_config.pipeline.use_reentrant false makes it DeepSpeed's "
+            "non-reentrant checkpoint: under the default reentrant one the first stage, whose "
+            "input (token ids) needs no gradient, fails in its backward.")
+
+
 def export_deepspeed(
     plan: Plan, *, layer_kinds: Sequence[str] | None = None, zero_stage: int = 0,
     job_schedule: str | None = None,
@@ -581,8 +599,9 @@ def export_deepspeed(
         # ZeRO refuses optimizers DeepSpeed did not write (torch.optim.*) without this.
         ds_config["zero_allow_untested_optimizer"] = True
     if recompute:
-        # The default reentrant checkpoint gives no gradient to a group whose input needs none
-        # (the first stage's token ids): the embedding would not train.
+        # Under the default reentrant checkpoint the first stage's backward fails: its input,
+        # token ids, needs no gradient, so neither does the checkpointed output (DeepSpeed
+        # 0.19.8: "element 0 of tensors does not require grad").
         ds_config["pipeline"] = {"use_reentrant": False}
     return {
         "format": "deepspeed",
@@ -615,11 +634,7 @@ def export_deepspeed(
             *(["TP inside a DeepSpeed pipeline needs a Megatron-style mpu (Megatron-DeepSpeed); "
                "with tp > 1 pass topology to PipelineModule and build TP layers."]
               if tp > 1 else []),
-            *([f"Recompute: PipelineModule(..., activation_checkpoint_interval={interval}) "
-               "checkpoints each stage's layers as one group (its input kept, the forward run "
-               "again in the backward); ds_config.pipeline.use_reentrant false makes it "
-               "DeepSpeed's non-reentrant checkpoint, under which the first stage's embedding "
-               "still gets its gradient."] if recompute else []),
+            *([_deepspeed_recompute_note(interval)] if recompute else []),
             *_schedule_notes(plan, job_schedule),
         ],
     }

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from planner import UnsupportedExport, parse_plan
+from planner import InvalidPlan, UnsupportedExport, parse_plan
 from planner.documents import Plan
-from planner.export import FORMATS, export_plan, expressible, rank_map
+from planner.export import FORMATS, build_rank_map, export_plan, expressible, rank_map
 
 HERE = Path(__file__).parent
 DATA, GOLDEN = HERE / "data", HERE / "golden"
@@ -256,3 +256,92 @@ def test_expressible_refuses_an_unknown_format_or_option() -> None:
         expressible(ASYMMETRIC, "mpirun")
     with pytest.raises(ValueError, match="unknown option"):
         expressible(ASYMMETRIC, "torchrun", zero_stage=1)
+
+
+def _chunked(schedule: str = "interleaved-1f1b", *, recompute: bool = False,
+             num_micro_batches: int = 4) -> Plan:
+    """10 layers on 2 stages of node a, two chunks each (model chunk c on stage c % 2)."""
+    return parse_plan({"schedule": schedule, "pipelines": [
+        {"micro_batch_size": 1, "num_micro_batches": num_micro_batches, "stages": [
+            {"gpu_type": "g", "tp": 1, "gpus": ["a:0"], "chunks": [[0, 3], [5, 8]],
+             "recompute": recompute},
+            {"gpu_type": "g", "tp": 1, "gpus": ["a:1"], "chunks": [[3, 5], [8, 10]],
+             "recompute": recompute}]}]})
+
+
+def test_rank_map_carries_chunks_recompute_and_the_link_back_to_the_first_stage() -> None:
+    got = rank_map(_chunked(recompute=True))
+    assert got["schedule"] == "interleaved-1f1b"
+    assert [(r["chunks"], r.get("recompute")) for r in got["ranks"]] == [
+        ([[0, 3], [5, 8]], True), ([[3, 5], [8, 10]], True)]
+    assert all("layers" not in r for r in got["ranks"])
+    assert [(k["from_stage"], k["to_stage"]) for k in got["stage_links"]] == [(0, 1), (1, 0)]
+    # Each layer range held by one stage is its own sync entry (here: one pipeline, no peers).
+    assert [g["layers"] for g in got["sync_groups"]] == [[0, 3], [3, 5], [5, 8], [8, 10]]
+    plain = rank_map(_plan((1, 2, [(1, ["a:0"], 0, 5), (1, ["a:1"], 5, 10)])))
+    assert all("chunks" not in r and "recompute" not in r for r in plain["ranks"])
+    assert len(plain["stage_links"]) == 1
+
+
+def test_rank_map_refuses_chunks_that_do_not_follow_the_model_order() -> None:
+    document = _chunked().model_dump(mode="json", exclude_none=True)
+    document["pipelines"][0]["stages"][1]["chunks"] = [[8, 10], [3, 5]]
+    with pytest.raises(InvalidPlan, match="model chunk 1"):
+        rank_map(parse_plan(document))
+
+
+def test_a_chunked_stage_has_no_single_layer_range() -> None:
+    info = build_rank_map(_chunked()).ranks[0]
+    assert info.chunks == ((0, 3), (5, 8))
+    with pytest.raises(InvalidPlan, match="read `chunks`"):
+        _ = info.layers
+
+
+@pytest.mark.parametrize("fmt", ["pipelining", "megatron", "deepspeed", "torchtitan"])
+def test_local_learning_is_refused_by_every_framework_naming_the_reference_launcher(
+        fmt: str) -> None:
+    plan = _plan((1, 4, [(1, ["a:0"], 0, 5), (1, ["a:1"], 5, 10)]), schedule="local")
+    with pytest.raises(UnsupportedExport, match="no framework runs local learning"):
+        export_plan(plan, fmt)
+
+
+@pytest.mark.parametrize("fmt", ["torchrun", "kubernetes", "slurm"])
+def test_process_launchers_start_local_and_interleaved_plans(fmt: str) -> None:
+    local = _plan((1, 4, [(1, ["a:0"], 0, 5), (1, ["a:1"], 5, 10)]), schedule="local")
+    assert expressible(local, fmt) is None
+    assert expressible(_chunked(recompute=True), fmt) is None
+
+
+def test_pipelining_lists_each_ranks_chunks_as_torch_numbers_its_stages() -> None:
+    got = export_plan(_chunked(recompute=True), "pipelining")
+    (pipeline,) = got["pipelines"]
+    assert (pipeline["schedule_class"], pipeline["num_stages"], pipeline["chunks_per_stage"],
+            pipeline["num_model_chunks"]) == ("ScheduleInterleaved1F1B", 2, 2, 4)
+    assert pipeline["split_points"] == [3, 5, 8]
+    first, second = pipeline["stages"]
+    assert [(c["stage_index"], c["layers"]) for c in first["chunks"]] == [(0, [0, 3]),
+                                                                          (2, [5, 8])]
+    assert [(c["stage_index"], c["layers"]) for c in second["chunks"]] == [(1, [3, 5]),
+                                                                           (3, [8, 10])]
+    assert second["chunks"][1]["module_names"][-2:] == ["norm", "lm_head"]
+    assert "layers" not in first and first["recompute"] is True
+    assert any("torch.utils.checkpoint" in note for note in got["notes"])
+
+
+def test_interleaved_plan_of_one_chunk_per_stage_runs_plain_1f1b_everywhere() -> None:
+    plan = _plan((1, 4, [(1, ["a:0"], 0, 5), (1, ["a:1"], 5, 10)]), schedule="interleaved-1f1b")
+    assert export_plan(plan, "pipelining")["pipelines"][0]["schedule_class"] == "Schedule1F1B"
+    assert expressible(plan, "deepspeed") is None
+    assert "--num-virtual-stages-per-pipeline-rank" not in export_plan(plan, "megatron")["args"]
+    assert export_plan(plan, "torchtitan")["config"]["parallelism"][
+        "pipeline_parallel_schedule"] == "1F1B"
+
+
+def test_pipelining_says_when_torch_runs_another_interleaved_order() -> None:
+    # 6 micro-batches on 4 stages: torch accepts (1 round), the cost model's rule does not.
+    plan = parse_plan({"schedule": "interleaved-1f1b", "pipelines": [
+        {"micro_batch_size": 1, "num_micro_batches": 6, "stages": [
+            {"gpu_type": "g", "tp": 1, "gpus": [f"a:{s}"], "chunks": [[s, s + 1], [s + 4, s + 5]]}
+            for s in range(4)]}]})
+    notes = export_plan(plan, "pipelining")["notes"]
+    assert any("not the one the plan was estimated on" in note for note in notes)

@@ -18,11 +18,12 @@ from typing import Any
 import pytest
 
 torch = pytest.importorskip("torch")
+from torch.distributed import pipelining  # noqa: E402
 
 from launcher.pipelining import build_stage_module  # noqa: E402
 from launcher.reference import reference_weights  # noqa: E402
 from planner import evaluate, parse_plan, parse_scenario  # noqa: E402
-from planner.export import export_plan  # noqa: E402
+from planner.export import export_plan, expressible  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).parent / "data"
@@ -141,6 +142,56 @@ def test_recomputing_stages_train_like_one_process(tmp_path: Path) -> None:
         [False, True], [True, False]]
     assert [p["schedule_class"] for p in export["pipelines"]] == [
         "ScheduleInterleaved1F1B", "Schedule1F1B"]
+
+
+class _StageStub(pipelining.stage._PipelineStageBase):  # type: ignore[misc]
+    """What torch's schedule constructors read of a stage, without a process group."""
+
+
+_StageStub.__abstractmethods__ = frozenset()
+
+
+def _stub_stages(num_stages: int, chunks: int) -> list[_StageStub]:
+    stages = []
+    for j in range(chunks):
+        stage = object.__new__(_StageStub)
+        index = j * num_stages  # rank 0's chunks; the constructor lays out every rank
+        stage.__dict__.update(group_size=num_stages, group_rank=0,
+                              num_stages=num_stages * chunks, stage_index=index,
+                              is_first=index == 0, is_last=index == num_stages * chunks - 1)
+        stages.append(stage)
+    return stages
+
+
+def _torch_refuses(schedule_class: str, num_stages: int, chunks: int, m: int) -> bool:
+    stages = _stub_stages(num_stages, chunks)
+    try:
+        getattr(pipelining, schedule_class)(stages if chunks > 1 else stages[0],
+                                            n_microbatches=m)
+    except ValueError:
+        return True
+    return False
+
+
+def _grid_plan(num_stages: int, chunks: int, m: int) -> dict[str, Any]:
+    num_layers = num_stages * chunks
+    return {"schedule": "interleaved-1f1b" if chunks > 1 else "1f1b", "pipelines": [
+        {"micro_batch_size": 1, "num_micro_batches": m, "stages": [
+            {"gpu_type": "g", "tp": 1, "gpus": [f"a:{s}"],
+             **({"chunks": [[c, c + 1] for c in range(s, num_layers, num_stages)]} if chunks > 1
+                else {"layers": [s, s + 1]})}
+            for s in range(num_stages)]}]}
+
+
+@pytest.mark.parametrize(("num_stages", "chunks"), [(2, 1), (4, 1), (2, 2), (3, 2), (4, 3)])
+def test_export_refuses_exactly_the_micro_batch_counts_torch_refuses(num_stages: int,
+                                                                      chunks: int) -> None:
+    for m in range(1, 3 * num_stages + 2):
+        plan = parse_plan(_grid_plan(num_stages, chunks, m))
+        refusal = expressible(plan, "pipelining")
+        schedule_class = "ScheduleInterleaved1F1B" if chunks > 1 else "Schedule1F1B"
+        assert (refusal is not None) == _torch_refuses(schedule_class, num_stages, chunks, m), (
+            num_stages, chunks, m, refusal)
 
 
 @pytest.mark.parametrize("recompute", [False, True])
