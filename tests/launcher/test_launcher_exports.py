@@ -345,3 +345,12 @@ def test_pipelining_says_when_torch_runs_another_interleaved_order() -> None:
             for s in range(4)]}]})
     notes = export_plan(plan, "pipelining")["notes"]
     assert any("not the one the plan was estimated on" in note for note in notes)
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_expressible_answers_for_chunked_and_recomputing_plans(fmt: str) -> None:
+    # A launcher-restricted search asks this of every schedule variant: it must answer
+    # (None or reasons), never fail on a plan of several chunks per stage.
+    for plan in (_chunked(), _chunked(recompute=True), _chunked(num_micro_batches=3)):
+        answer = expressible(plan, fmt)
+        assert answer is None or answer.strip()
