@@ -125,6 +125,7 @@ def _fixture(name: str) -> dict[str, Any]:
     return document
 
 
+@pytest.mark.slow  # torchrun, 2-4 processes: about 10 s on 2 cores
 def test_interleaved_pipeline_with_two_chunks_per_rank_trains_like_one_process(
         tmp_path: Path) -> None:
     export = _run_and_compare(_fixture("tiny-interleaved"), tmp_path)
@@ -134,6 +135,7 @@ def test_interleaved_pipeline_with_two_chunks_per_rank_trains_like_one_process(
                                                                                   [1, 3]]
 
 
+@pytest.mark.slow  # torchrun, 2-4 processes: about 10 s on 2 cores
 def test_recomputing_stages_train_like_one_process(tmp_path: Path) -> None:
     # Pipeline 0 interleaved, its stage 1 recomputing; pipeline 1 one range per stage
     # (Schedule1F1B), its stage 0 recomputing.
