@@ -5,7 +5,8 @@ PipelineModule's `partition_method` knows `uniform`, `parameters` and
 in its arguments. The subclass below takes the export's `stage_bounds` and sets
 them where PipelineModule would compute its partition; everything else
 (topology, engine, schedule) is DeepSpeed's own. Copy it into a training script
-or import it (this module imports DeepSpeed, which hetplan does not require):
+or import it (this module imports DeepSpeed, which hetplan does not require). `run_step` also
+passes the export's `activation_checkpoint_interval` (set when every stage recomputes):
 
     from launcher.deepspeed_pipe import BoundedPipelineModule
     module = BoundedPipelineModule(layers, stage_bounds=export["pipeline_module"]["stage_bounds"],

@@ -17,12 +17,8 @@ from typing import Any
 from planner.documents import Plan, Scenario
 from planner.errors import UnsupportedExport
 from planner.export.cluster import export_kubernetes, export_slurm
-from planner.export.formats import (
-    export_deepspeed,
-    export_megatron,
-    export_pipelining,
-    export_torchrun,
-)
+from planner.export.formats import export_deepspeed, export_megatron, export_torchrun
+from planner.export.pipelining import export_pipelining
 from planner.export.torchtitan import export_torchtitan
 
 __all__ = ["FORMATS", "export_plan", "export_with_scenario", "expressible", "format_options",
