@@ -5,12 +5,14 @@ PipelineModule's `partition_method` knows `uniform`, `parameters` and
 in its arguments. The subclass below takes the export's `stage_bounds` and sets
 them where PipelineModule would compute its partition; everything else
 (topology, engine, schedule) is DeepSpeed's own. Copy it into a training script
-or import it (this module imports DeepSpeed, which hetplan does not require). `run_step` also
-passes the export's `activation_checkpoint_interval` (set when every stage recomputes):
+or import it (this module imports DeepSpeed, which hetplan does not require):
 
     from launcher.deepspeed_pipe import BoundedPipelineModule
     module = BoundedPipelineModule(layers, stage_bounds=export["pipeline_module"]["stage_bounds"],
                                    topology=ProcessTopology(**export["topology"]), loss_fn=...)
+
+When every stage recomputes, also pass the export's `activation_checkpoint_interval`
+(`run_step` below does) and merge its ds_config, which asks for the non-reentrant checkpoint.
 """
 
 from __future__ import annotations
