@@ -15,15 +15,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from planner.documents import Plan, Scenario, Schedule
+from planner.documents import Plan, Scenario
 from planner.estimate import Evaluation, PipelineEstimate, evaluate
-from planner.timeline import DRAWN_SCHEDULES, pipeline_timeline
+from planner.timeline import pipeline_timeline
 
 __all__ = ["PlanView", "plan_page", "compare_page", "plotly_js_dir", "PLOTLY_FILE"]
 
 PLOTLY_FILE = "plotly.min.js"
-COLOURS = {"forward": "#4c78a8", "backward": "#f58518", "transfer": "#72b7b2",
-           "bubble": "#e5e5e5", "sync": "#b279a2"}
+COLOURS = {"forward": "#4c78a8", "backward": "#f58518", "recompute": "#e45756",
+           "head": "#eeca3b", "transfer": "#72b7b2", "bubble": "#e5e5e5", "sync": "#b279a2"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,17 +122,21 @@ def _timeline_figure(pipeline: PipelineEstimate, replicas: int, sync_end_s: floa
     import plotly.graph_objects as go
 
     spans = pipeline_timeline(pipeline)
-    bars: dict[str, tuple[list[float], list[float], list[str]]] = {k: ([], [], []) for k in COLOURS}
+    bars: dict[str, tuple[list[float], list[float], list[str], list[str]]] = {
+        k: ([], [], [], []) for k in COLOURS}
 
-    def add(kind: str, s: int, start: float, end: float) -> None:
+    def add(kind: str, s: int, start: float, end: float, what: str = "") -> None:
         if end > start:
-            base, width, label = bars[kind]
+            base, width, label, text = bars[kind]
             base.append(start)
             width.append(end - start)
             label.append(_stage_label(pipeline, s))
+            text.append(what)
 
     for span in spans:
-        add(span.phase.value, span.stage, span.start_s, span.end_s)
+        chunk = f", chunk {span.chunk}" if pipeline.num_chunks > 1 else ""
+        add(span.phase.value, span.stage, span.start_s, span.end_s,
+            f"micro-batch {span.micro_batch}{chunk}: ")
     for s in range(pipeline.num_stages):
         busy = sorted((x.start_s, x.end_s) for x in spans if x.stage == s)
         cursor = 0.0
@@ -143,8 +147,9 @@ def _timeline_figure(pipeline: PipelineEstimate, replicas: int, sync_end_s: floa
         add("sync", s, iteration_start_sync_s,
             iteration_start_sync_s + pipeline.stages[s].sync_s)
     figure = go.Figure([go.Bar(name=kind, base=base, x=width, y=label, orientation="h",
-                               marker_color=COLOURS[kind], hovertemplate="%{base:.4f} s + %{x:.4f} s")
-                        for kind, (base, width, label) in bars.items() if base])
+                               marker_color=COLOURS[kind], customdata=text,
+                               hovertemplate="%{customdata}%{base:.4f} s + %{x:.4f} s")
+                        for kind, (base, width, label, text) in bars.items() if base])
     rows = [_stage_label(pipeline, s) for s in range(pipeline.num_stages)]
     figure.update_layout(
         barmode="overlay", height=200 + 60 * pipeline.num_stages, xaxis_title="seconds",
@@ -207,12 +212,8 @@ def _section(view: PlanView, key: str, *, heading: bool = True) -> str:
     parts.append(f"<h3>pipeline timelines ({len(distinct)} distinct of "
                  f"{len(evaluation.pipelines)})</h3>")
     for n, (pipeline, replicas) in enumerate(distinct):
-        if Schedule(pipeline.schedule) in DRAWN_SCHEDULES:
-            figure = _timeline_figure(pipeline, replicas, iteration_s, sync_start)
-            parts.append(_figure_html(figure, f"{key}-timeline-{n}", "timeline"))
-        else:
-            parts.append(f"<p>no timeline drawn for the {html.escape(pipeline.schedule)} "
-                         "schedule</p>")
+        figure = _timeline_figure(pipeline, replicas, iteration_s, sync_start)
+        parts.append(_figure_html(figure, f"{key}-timeline-{n}", "timeline"))
     parts.append(_figure_html(_memory_figure(distinct), f"{key}-memory", "memory"))
     if view.baselines_samples_per_s:
         parts.append(_figure_html(_baselines_figure(view, evaluation), f"{key}-baselines",
