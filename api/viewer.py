@@ -39,6 +39,8 @@ class PlanView:
     status: str | None = None
     baselines_samples_per_s: dict[str, float | None] = field(default_factory=dict)
     unused_gpus: dict[str, str] = field(default_factory=dict)
+    """Why the search left GPUs idle, where it said (stored plans); the page lists every
+    GPU of the cluster the plan does not use, with this reason when there is one."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -229,7 +231,10 @@ def _timeline_figure(pipeline: PipelineEstimate, replicas: int, sync_end_s: floa
         add("sync", s, iteration_start_sync_s,
             iteration_start_sync_s + pipeline.stages[s].sync_s)
     figure = go.Figure([go.Bar(name=kind, base=base, x=width, y=label, orientation="h",
-                               marker_color=COLOURS[kind], customdata=text,
+                               # A thin white edge parts back-to-back operations.
+                               marker={"color": COLOURS[kind],
+                                       "line": {"color": "white", "width": 0.5}},
+                               customdata=text,
                                hovertemplate="%{customdata}%{base:.4f} s + %{x:.4f} s")
                         for kind, (base, width, label, text) in bars.items() if base])
     rows = [_stage_label(pipeline, s) for s in range(pipeline.num_stages)]
@@ -300,10 +305,18 @@ def _section(view: PlanView, key: str, *, heading: bool = True) -> str:
     if view.baselines_samples_per_s:
         parts.append(_figure_html(_baselines_figure(view, evaluation), f"{key}-baselines",
                                   "baselines"))
-    parts.append(f"<h3>idle GPUs ({len(view.unused_gpus)})</h3>")
-    parts.append(_table(["GPU", "why idle"], sorted(view.unused_gpus.items()))
-                 if view.unused_gpus else "<p>none: every GPU of the cluster is used</p>")
+    idle = _idle_gpus(view)
+    parts.append(f"<h3>idle GPUs ({len(idle)})</h3>")
+    parts.append(_table(["GPU", "why idle"], sorted(idle.items()))
+                 if idle else "<p>none: every GPU of the cluster is used</p>")
     return "".join(parts)
+
+
+def _idle_gpus(view: PlanView) -> dict[str, str]:
+    used = {g for p in view.plan.pipelines for s in p.stages for g in s.gpus}
+    names = (f"{node.name}:{i}" for node in view.scenario.cluster.nodes for i in range(node.gpus))
+    return {name: view.unused_gpus.get(name, "not in the plan (no reason recorded with it)")
+            for name in names if name not in used}
 
 
 def _comparison_table(views: list[PlanView], evaluations: list[Evaluation]) -> str:

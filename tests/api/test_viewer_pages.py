@@ -83,3 +83,5 @@ def test_a_version_1_1_schedule_gets_a_timeline(scenario: dict[str, object],
     page = plan_page(view, plotly_src="plotly.js")
     assert "id=\"plan-timeline-0\"" in page and "no timeline drawn" not in page
     assert f"\"name\":\"{drawn}\"" in page
+    # A plan file records no reasons, yet the six GPUs of the cluster it leaves are listed.
+    assert "idle GPUs (6)" in page and "n0:3</td><td>not in the plan" in page
