@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import math
 import threading
 import time
@@ -375,6 +376,12 @@ def _allocation_candidates(
     runs = [(cap_value, subset) for cap_value in caps
             for subset in _sync_filtered(templates, cap_value or num_free)
             if cap_value is not None or len(subset) < len(templates)]  # not the free one again
+    # A ring that spans zones runs at the slowest inter-zone link, which the allocation's
+    # linear model does not see: leaving a zone idle can be faster. These runs only look
+    # for such plans; they prove nothing the runs over every zone do not.
+    proving = len(runs)
+    runs += [(None, subset) for zone_subset in _zone_subsets(tables, templates)
+             for subset in _sync_filtered(zone_subset, num_free)]
 
     def solve(cap_value: int | None, subset: list[PipelineTemplate]) -> Allocation | None:
         if time.monotonic() - started > budget:
@@ -394,15 +401,40 @@ def _allocation_candidates(
                 try:
                     found = future.result()
                 except TimeoutError:
-                    proven = False
+                    proven = proven and done >= proving
                     continue
                 if found is not None:
-                    proven = proven and found.proven
+                    proven = proven and (found.proven or done >= proving)
                     add_drafts(found, subset, cap_value)
         finally:
             for future in futures:
                 future.cancel()
     return best_realized(tables, drafts, 2 * options.finalists), proven
+
+
+MAX_ZONES_SUBSETS = 4
+"""Up to this many zones, every proper subset of them gets its own allocation runs."""
+
+
+def _zone_subsets(
+    tables: ScenarioTables, templates: list[PipelineTemplate]
+) -> list[list[PipelineTemplate]]:
+    """Templates confined to each proper subset of the zones (with more zones, to each zone
+    alone and to all but each one)."""
+    zones = sorted({c.zone or "" for c in tables.classes})
+    if len(zones) < 2:
+        return []
+    if len(zones) <= MAX_ZONES_SUBSETS:
+        picks = [set(c) for k in range(1, len(zones))
+                 for c in itertools.combinations(zones, k)]
+    else:
+        picks = [{z} for z in zones] + [set(zones) - {z} for z in zones]
+    subsets = []
+    for allowed in picks:
+        subset = [t for t in templates if all((key[1] or "") in allowed for key in t.gpus())]
+        if subset:
+            subsets.append(subset)
+    return subsets
 
 
 def _sync_filtered(

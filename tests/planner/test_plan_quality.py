@@ -271,3 +271,38 @@ def test_per_type_plans_under_zero_stay_valid_for_their_own_pipeline_count() -> 
     result = plan(parse_scenario(deep_model_under_zero()), SearchOptions(time_limit_s=5))
     assert result.baselines["per_type"] is not None
     assert result.evaluation.valid
+
+
+def three_zones() -> dict[str, Any]:
+    """The two-zone WAN scenario with a third zone: A100s and an H100 node in 'central',
+    near 'east' and far from 'west'."""
+    doc = json.loads((DATA / "scenarios" / "h100x16east-a80x32west-gpt6.7b-wan.json").read_text())
+    doc["cluster"]["nodes"] += [
+        {"name": f"a80c-{i}", "gpu_type": "A100-80G", "gpus": 8, "zone": "central"}
+        for i in range(2)] + [
+        {"name": "h100c-0", "gpu_type": "H100-80G", "gpus": 8, "zone": "central"}]
+    doc["cluster"]["inter_zone"] = [
+        {"zones": ["east", "west"], "bandwidth_gb_per_s": 1.25, "latency_us": 20000.0},
+        {"zones": ["east", "central"], "bandwidth_gb_per_s": 3.0, "latency_us": 8000.0},
+        {"zones": ["west", "central"], "bandwidth_gb_per_s": 0.6, "latency_us": 30000.0}]
+    return doc
+
+
+def test_the_whole_fleet_plans_at_least_as_fast_as_any_of_its_zones_alone() -> None:
+    """GPUs left idle when that is faster: a plan for the whole fleet is never slower than
+    the search's plan for the nodes of some zones only (the rest idle), where rings across
+    a slow inter-zone link would cost more than those zones' GPUs give."""
+    doc = three_zones()
+    options = SearchOptions(time_limit_s=10)
+    whole = plan(parse_scenario(doc), options)
+    zones = ["central", "east", "west"]
+    for count in (1, 2):
+        for kept in itertools.combinations(zones, count):
+            part = json.loads(json.dumps(doc))
+            part["cluster"]["nodes"] = [n for n in doc["cluster"]["nodes"] if n["zone"] in kept]
+            part["cluster"]["inter_zone"] = [z for z in doc["cluster"]["inter_zone"]
+                                             if set(z["zones"]) <= set(kept)]
+            alone = plan(parse_scenario(part), options)
+            assert whole.evaluation.samples_per_s is not None
+            assert alone.evaluation.samples_per_s is not None
+            assert whole.evaluation.samples_per_s >= alone.evaluation.samples_per_s * 0.999, kept
