@@ -110,7 +110,7 @@ def launch_problems(plan: Plan, schedule: Schedule, num_layers: int) -> list[str
         if not layout and num_chunks > 1 and m % num_stages:
             problems.append(f"{where}: num_micro_batches is {m}, not a multiple of its "
                             f"{num_stages} stages, which interleaved-1f1b with chunks needs")
-    if schedule is Schedule.LOCAL:
+    if schedule is Schedule.LOCAL and not problems:  # one range per stage from here on
         blocks = _blocks(plan.pipelines[0])
         problems += [f"pipelines[{i}]: blocks {_blocks(p)} differ from pipelines[0]'s {blocks}; "
                      "under 'local' every pipeline has the same stage boundaries"

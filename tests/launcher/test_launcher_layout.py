@@ -71,6 +71,12 @@ def test_chunks_under_another_schedule_are_refused() -> None:
     assert "hold 2 chunks but the schedule is '1f1b'" in problem
 
 
+def test_chunks_under_local_are_refused_as_chunks() -> None:
+    plan = parse_plan(two_stages([[0, 1], [2, 3]], [[1, 2], [3, 4]], schedule="local"))
+    (problem,) = launch_problems(plan, Schedule.LOCAL, 4)
+    assert "hold 2 chunks but the schedule is 'local'" in problem
+
+
 def test_interleaving_needs_micro_batches_in_multiples_of_the_stages() -> None:
     plan = parse_plan(two_stages([[0, 1], [2, 3]], [[1, 2], [3, 4]], m=3))
     (problem,) = launch_problems(plan, Schedule.INTERLEAVED_1F1B, 4)
