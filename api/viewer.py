@@ -1,11 +1,13 @@
-"""The plan viewer: one HTML page per plan (or two side by side), drawn with plotly.
+"""The plan viewer: one HTML page per plan (or two side by side), drawn with plotly, and
+the cost/throughput chart of a set of plans (a Pareto frontier).
 
 For a plan and its scenario it shows the pipeline timeline of every distinct pipeline
-(forwards, backwards, transfers, bubbles, gradient sync) from the event simulation,
-memory per stage against capacity, the idle GPUs and why, the baselines, and the cost
-where every used GPU type has a price. The page loads plotly.js from `plotly_src`: the
-service serves the copy the plotly package ships; `hetplan show` inlines it. Nothing
-comes from the internet.
+(forwards, backwards, recomputation, local heads, transfers, bubbles, gradient sync) from
+the event simulation, memory per stage against capacity, the idle GPUs and why, the
+baselines, and the cost where every used GPU type has a price. The frontier page draws
+samples/s against USD/hour, each point a link to its plan's page. Pages load plotly.js
+from `plotly_src`: the service serves the copy the plotly package ships; `hetplan show`
+and `hetplan pareto --html` inline it. Nothing comes from the internet.
 """
 
 from __future__ import annotations
@@ -15,15 +17,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from planner.documents import Plan, Scenario, Schedule
-from planner.estimate import Evaluation, PipelineEstimate, evaluate
-from planner.timeline import DRAWN_SCHEDULES, pipeline_timeline
+from planner.documents import Plan, Scenario
+from planner.estimate import Evaluation, PipelineEstimate, dominates, evaluate
+from planner.timeline import pipeline_timeline
 
-__all__ = ["PlanView", "plan_page", "compare_page", "plotly_js_dir", "PLOTLY_FILE"]
+__all__ = ["PlanView", "ChartPoint", "chart_point", "plan_page", "compare_page",
+           "frontier_page", "plotly_js_dir", "PLOTLY_FILE"]
 
 PLOTLY_FILE = "plotly.min.js"
-COLOURS = {"forward": "#4c78a8", "backward": "#f58518", "transfer": "#72b7b2",
-           "bubble": "#e5e5e5", "sync": "#b279a2"}
+COLOURS = {"forward": "#4c78a8", "backward": "#f58518", "recompute": "#e45756",
+           "head": "#eeca3b", "transfer": "#72b7b2", "bubble": "#e5e5e5", "sync": "#b279a2"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,6 +39,33 @@ class PlanView:
     status: str | None = None
     baselines_samples_per_s: dict[str, float | None] = field(default_factory=dict)
     unused_gpus: dict[str, str] = field(default_factory=dict)
+    """Why the search left GPUs idle, where it said (stored plans); the page lists every
+    GPU of the cluster the plan does not use, with this reason when there is one."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChartPoint:
+    """One plan on the cost/throughput chart, and the page clicking it opens."""
+
+    title: str
+    href: str
+    """Where the point and its row link to: a plan's page, or an anchor in this page."""
+    samples_per_s: float | None
+    usd_per_hour: float | None
+    """None when a GPU type the plan uses has no price: the point is listed, not drawn."""
+    usd_per_million_tokens: float | None = None
+    fleet: str | None = None
+    """The GPU types and nodes the plan was searched on (frontier points say so)."""
+
+
+def chart_point(view: PlanView, href: str) -> ChartPoint:
+    """A plan's point: its throughput and price as the plan's own page shows them."""
+    evaluation = evaluate(view.scenario, view.plan)
+    search = getattr(view.plan, "search", None) or {}
+    return ChartPoint(title=view.title, href=href, samples_per_s=evaluation.samples_per_s,
+                      usd_per_hour=evaluation.usd_per_hour,
+                      usd_per_million_tokens=evaluation.usd_per_million_tokens,
+                      fleet=search.get("fleet") if isinstance(search, dict) else None)
 
 
 def plotly_js_dir() -> str:
@@ -59,18 +89,71 @@ def compare_page(a: PlanView, b: PlanView, *, plotly_src: str | None) -> str:
                  plotly_src=plotly_src, columns=2, before=table)
 
 
+def frontier_page(title: str, points: Sequence[ChartPoint], *, plotly_src: str | None,
+                  views: Sequence[PlanView] = ()) -> str:
+    """The chart of `points` (samples/s against USD/hour, the points no other dominates
+    joined as the frontier), clicking a point opening its `href`, and a table of the
+    same links. `views` are drawn below, each in a section whose id is `point-<n>`, for a
+    page that holds its plans itself (hrefs `#point-<n>`)."""
+    chart = _figure_html(_frontier_figure(points), "frontier", "frontier",
+                         post_script=CLICK_TO_OPEN)
+    sections = [f"<div id='point-{n}'>{_section(view, f'point-{n}')}</div>"
+                for n, view in enumerate(views)]
+    return _page(title, sections, plotly_src=plotly_src, columns=1,
+                 before=chart + _points_table(points))
+
+
+CLICK_TO_OPEN = """document.getElementById('{plot_id}').on('plotly_click', function (event) {
+  var point = event.points[0];
+  if (point && point.customdata) { window.location.href = point.customdata[0]; }
+});"""
+"""plotly's click event: open the clicked point's page (`customdata[0]` is its href)."""
+
+
+def _on_frontier(points: Sequence[ChartPoint]) -> list[bool]:
+    priced = [p for p in points if p.samples_per_s is not None and p.usd_per_hour is not None]
+    return [p in priced and not any(dominates(q, p) for q in priced) for p in points]
+
+
+def _frontier_figure(points: Sequence[ChartPoint]) -> Any:
+    import plotly.graph_objects as go
+
+    on = _on_frontier(points)
+    traces = []
+    for name, keep, style in (("frontier", True, {"color": "#4c78a8", "size": 12}),
+                              ("dominated", False, {"color": "#9d9d9d", "size": 10})):
+        shown = sorted((p for p, f in zip(points, on, strict=True)
+                        if f is keep and p.usd_per_hour is not None
+                        and p.samples_per_s is not None),
+                       key=lambda p: (p.usd_per_hour, p.samples_per_s))
+        if not shown:
+            continue
+        traces.append(go.Scatter(
+            name=name, x=[p.usd_per_hour for p in shown], y=[p.samples_per_s for p in shown],
+            mode="lines+markers" if keep else "markers", line={"shape": "hv", "dash": "dot"},
+            marker=style, customdata=[[p.href, p.title, p.fleet or ""] for p in shown],
+            hovertemplate="%{customdata[1]}<br>%{customdata[2]}<br>%{y:.2f} samples/s at "
+                          "$%{x:.2f}/hour<br>click to open<extra></extra>"))
+    figure = go.Figure(traces)
+    figure.update_layout(title="samples/s against USD/hour (click a point to open its plan)",
+                         xaxis_title="USD per hour", yaxis_title="samples/s", height=480,
+                         hovermode="closest", clickmode="event", dragmode=False,
+                         margin={"l": 10, "r": 10})
+    return figure
+
+
+def _points_table(points: Sequence[ChartPoint]) -> str:
+    on = _on_frontier(points)
+    rows = [[p.title, p.fleet or "",
+             "invalid plan" if p.samples_per_s is None else f"{p.samples_per_s:.2f}",
+             "no price" if p.usd_per_hour is None else f"{p.usd_per_hour:.2f}",
+             "" if p.usd_per_million_tokens is None else f"{p.usd_per_million_tokens:.4f}",
+             "yes" if f else "no"] for p, f in zip(points, on, strict=True)]
+    return _table(["plan", "fleet", "samples/s", "USD/hour", "USD per million tokens",
+                   "frontier"], rows, links=[p.href for p in points])
+
+
 # -- the numbers ---------------------------------------------------------------------------
-
-def cost_per_hour(scenario: Scenario, plan: Plan) -> float | None:
-    """USD per hour of the GPUs the plan uses, None unless every used type has a price."""
-    total = 0.0
-    for stage in (stage for pipeline in plan.pipelines for stage in pipeline.stages):
-        gpu_type = scenario.gpu_types.get(stage.gpu_type)
-        if gpu_type is None or gpu_type.hourly_usd is None:
-            return None
-        total += gpu_type.hourly_usd * len(stage.gpus)
-    return total
-
 
 def _numbers(view: PlanView, evaluation: Evaluation) -> list[tuple[str, str]]:
     rows = [("status", view.status or ("valid" if evaluation.valid else "invalid")),
@@ -83,11 +166,12 @@ def _numbers(view: PlanView, evaluation: Evaluation) -> list[tuple[str, str]]:
                  ("tokens/s", f"{evaluation.tokens_per_s:.0f}")]
     if evaluation.efficiency is not None:
         rows.append(("efficiency (compute bound / iteration)", f"{evaluation.efficiency:.1%}"))
-    usd = cost_per_hour(view.scenario, view.plan)
-    if usd is not None and evaluation.tokens_per_s:
+    # The estimator's price (section 7), the same number the frontier chart draws.
+    usd, per_million = evaluation.usd_per_hour, evaluation.usd_per_million_tokens
+    if usd is not None and per_million is not None:
         rows += [("cost per hour", f"${usd:.2f}"),
-                 ("cost per million tokens", f"${usd / 3600 / evaluation.tokens_per_s * 1e6:.4f}")]
-    else:
+                 ("cost per million tokens", f"${per_million:.4f}")]
+    elif evaluation.iteration_s is not None:
         rows.append(("cost", "unknown: a GPU type the plan uses has no hourly_usd"))
     return rows
 
@@ -122,17 +206,21 @@ def _timeline_figure(pipeline: PipelineEstimate, replicas: int, sync_end_s: floa
     import plotly.graph_objects as go
 
     spans = pipeline_timeline(pipeline)
-    bars: dict[str, tuple[list[float], list[float], list[str]]] = {k: ([], [], []) for k in COLOURS}
+    bars: dict[str, tuple[list[float], list[float], list[str], list[str]]] = {
+        k: ([], [], [], []) for k in COLOURS}
 
-    def add(kind: str, s: int, start: float, end: float) -> None:
+    def add(kind: str, s: int, start: float, end: float, what: str = "") -> None:
         if end > start:
-            base, width, label = bars[kind]
+            base, width, label, text = bars[kind]
             base.append(start)
             width.append(end - start)
             label.append(_stage_label(pipeline, s))
+            text.append(what)
 
     for span in spans:
-        add(span.phase.value, span.stage, span.start_s, span.end_s)
+        chunk = f", chunk {span.chunk}" if pipeline.num_chunks > 1 else ""
+        add(span.phase.value, span.stage, span.start_s, span.end_s,
+            f"micro-batch {span.micro_batch}{chunk}: ")
     for s in range(pipeline.num_stages):
         busy = sorted((x.start_s, x.end_s) for x in spans if x.stage == s)
         cursor = 0.0
@@ -143,8 +231,12 @@ def _timeline_figure(pipeline: PipelineEstimate, replicas: int, sync_end_s: floa
         add("sync", s, iteration_start_sync_s,
             iteration_start_sync_s + pipeline.stages[s].sync_s)
     figure = go.Figure([go.Bar(name=kind, base=base, x=width, y=label, orientation="h",
-                               marker_color=COLOURS[kind], hovertemplate="%{base:.4f} s + %{x:.4f} s")
-                        for kind, (base, width, label) in bars.items() if base])
+                               # A thin white edge parts back-to-back operations.
+                               marker={"color": COLOURS[kind],
+                                       "line": {"color": "white", "width": 0.5}},
+                               customdata=text,
+                               hovertemplate="%{customdata}%{base:.4f} s + %{x:.4f} s")
+                        for kind, (base, width, label, text) in bars.items() if base])
     rows = [_stage_label(pipeline, s) for s in range(pipeline.num_stages)]
     figure.update_layout(
         barmode="overlay", height=200 + 60 * pipeline.num_stages, xaxis_title="seconds",
@@ -207,20 +299,24 @@ def _section(view: PlanView, key: str, *, heading: bool = True) -> str:
     parts.append(f"<h3>pipeline timelines ({len(distinct)} distinct of "
                  f"{len(evaluation.pipelines)})</h3>")
     for n, (pipeline, replicas) in enumerate(distinct):
-        if Schedule(pipeline.schedule) in DRAWN_SCHEDULES:
-            figure = _timeline_figure(pipeline, replicas, iteration_s, sync_start)
-            parts.append(_figure_html(figure, f"{key}-timeline-{n}", "timeline"))
-        else:
-            parts.append(f"<p>no timeline drawn for the {html.escape(pipeline.schedule)} "
-                         "schedule</p>")
+        figure = _timeline_figure(pipeline, replicas, iteration_s, sync_start)
+        parts.append(_figure_html(figure, f"{key}-timeline-{n}", "timeline"))
     parts.append(_figure_html(_memory_figure(distinct), f"{key}-memory", "memory"))
     if view.baselines_samples_per_s:
         parts.append(_figure_html(_baselines_figure(view, evaluation), f"{key}-baselines",
                                   "baselines"))
-    parts.append(f"<h3>idle GPUs ({len(view.unused_gpus)})</h3>")
-    parts.append(_table(["GPU", "why idle"], sorted(view.unused_gpus.items()))
-                 if view.unused_gpus else "<p>none: every GPU of the cluster is used</p>")
+    idle = _idle_gpus(view)
+    parts.append(f"<h3>idle GPUs ({len(idle)})</h3>")
+    parts.append(_table(["GPU", "why idle"], sorted(idle.items()))
+                 if idle else "<p>none: every GPU of the cluster is used</p>")
     return "".join(parts)
+
+
+def _idle_gpus(view: PlanView) -> dict[str, str]:
+    used = {g for p in view.plan.pipelines for s in p.stages for g in s.gpus}
+    names = (f"{node.name}:{i}" for node in view.scenario.cluster.nodes for i in range(node.gpus))
+    return {name: view.unused_gpus.get(name, "not in the plan (no reason recorded with it)")
+            for name in names if name not in used}
 
 
 def _comparison_table(views: list[PlanView], evaluations: list[Evaluation]) -> str:
@@ -230,16 +326,25 @@ def _comparison_table(views: list[PlanView], evaluations: list[Evaluation]) -> s
     return _table(["", *[v.title for v in views]], rows)
 
 
-def _figure_html(figure: Any, div_id: str, kind: str) -> str:
+def _figure_html(figure: Any, div_id: str, kind: str, *, post_script: str | None = None) -> str:
     body = figure.to_html(full_html=False, include_plotlyjs=False, div_id=div_id,
-                          config={"displaylogo": False})
+                          config={"displaylogo": False}, post_script=post_script)
     return f"<div class='figure' data-kind='{kind}'>{body}</div>"
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]], *,
+           links: Sequence[str] | None = None) -> str:
+    """`links`, when given: one href per row, for its first cell."""
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>"
-                   for row in rows)
+
+    def cell(c: object, n: int, r: int) -> str:
+        text = html.escape(str(c))
+        if n == 0 and links is not None:
+            text = f"<a href='{html.escape(links[r])}'>{text}</a>"
+        return f"<td>{text}</td>"
+
+    body = "".join("<tr>" + "".join(cell(c, n, r) for n, c in enumerate(row)) + "</tr>"
+                   for r, row in enumerate(rows))
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 

@@ -1,9 +1,9 @@
 """Measured step time of launched plans against the estimate from profiles of this machine.
 
 For each plan below:
-1. profile tiny-gpt's layers on this CPU with the profilers' `profile_layers`
-   (one intra-op thread per process, as the launcher's workers run) at every
-   (micro_batch, tp) point the plans use;
+1. profile tiny-gpt's layers, and the local head of schedule `local`, on this
+   CPU with the profilers' `profile_layers` (one intra-op thread per process,
+   as the launcher's workers run) at every (micro_batch, tp) point the plans use;
 2. measure the gloo link between two local processes (ping-pong: latency from
    small messages, bandwidth from large ones);
 3. build a scenario from those rows and that link, and `planner.evaluate` the
@@ -34,14 +34,19 @@ from launcher import TrainConfig, launch_plan
 from planner import evaluate, parse_plan, parse_scenario
 from profiles.distributed import DistContext, spawn
 from profiles.layer_profiler import ProfileOptions, profile_layers
-from profiles.models import get_preset, layer_kinds
+from profiles.models import BLOCK, EMBEDDING, HEAD, LOCAL_HEAD, get_preset, layer_kinds
 from profiles.rows import kinds_from_rows
 
 GPU_TYPE = "cpu-process"
+KINDS_OF_MODEL = (EMBEDDING, BLOCK, HEAD)
 
 
-def _stage(gpus: list[str], start: int, end: int) -> dict[str, Any]:
-    return {"gpu_type": GPU_TYPE, "tp": len(gpus), "gpus": gpus, "layers": [start, end]}
+def _stage(gpus: list[str], start: int, end: int, **extra: Any) -> dict[str, Any]:
+    return {"gpu_type": GPU_TYPE, "tp": len(gpus), "gpus": gpus, "layers": [start, end], **extra}
+
+
+def _chunked(gpus: list[str], chunks: list[list[int]]) -> dict[str, Any]:
+    return {"gpu_type": GPU_TYPE, "tp": len(gpus), "gpus": gpus, "chunks": chunks}
 
 
 PLANS: dict[str, dict[str, Any]] = {
@@ -54,6 +59,26 @@ PLANS: dict[str, dict[str, Any]] = {
         {"micro_batch_size": 2, "num_micro_batches": 3,
          "stages": [_stage(["n0:0", "n0:1"], 0, 2), _stage(["n0:2"], 2, 4)]},
         {"micro_batch_size": 1, "num_micro_batches": 2, "stages": [_stage(["n1:0"], 0, 4)]}]},
+    # The version 1.1 schedules (docs/formats.md): in one process first (no messages, so
+    # what the estimate's recomputation and chunk terms miss shows alone), then on the
+    # 2-stage pipeline above.
+    "1 process, recompute (b=2, m=4)": {"schedule": "1f1b", "pipelines": [
+        {"micro_batch_size": 2, "num_micro_batches": 4,
+         "stages": [_stage(["n0:0"], 0, 4, recompute=True)]}]},
+    "1 process, 2 chunks interleaved (b=2, m=4)": {"schedule": "interleaved-1f1b", "pipelines": [
+        {"micro_batch_size": 2, "num_micro_batches": 4,
+         "stages": [_chunked(["n0:0"], [[0, 2], [2, 4]])]}]},
+    "2 stages x 2 chunks, interleaved 1F1B (b=2, m=4)": {"schedule": "interleaved-1f1b",
+                                                         "pipelines": [
+        {"micro_batch_size": 2, "num_micro_batches": 4,
+         "stages": [_chunked(["n0:0"], [[0, 1], [2, 3]]), _chunked(["n0:1"], [[1, 2], [3, 4]])]}]},
+    "2 stages, 1F1B, both recompute (b=2, m=4)": {"schedule": "1f1b", "pipelines": [
+        {"micro_batch_size": 2, "num_micro_batches": 4,
+         "stages": [_stage(["n0:0"], 0, 2, recompute=True),
+                    _stage(["n0:1"], 2, 4, recompute=True)]}]},
+    "2 blocks, local learning (b=2, m=4)": {"schedule": "local", "pipelines": [
+        {"micro_batch_size": 2, "num_micro_batches": 4,
+         "stages": [_stage(["n0:0"], 0, 2), _stage(["n0:1"], 2, 4)]}]},
 }
 
 
@@ -91,7 +116,7 @@ def profile_rows(points: set[tuple[int, int]]) -> list[dict[str, Any]]:
     for tp in sorted({tp for _, tp in points}):
         batches = tuple(sorted({b for b, t in points if t == tp}))
         options = ProfileOptions(micro_batches=batches, tp_sizes=(tp,), cpu_threads=1,
-                                 warmup=3, repeats=15)
+                                 warmup=3, repeats=15, kinds=(*KINDS_OF_MODEL, LOCAL_HEAD))
         rows += profile_layers(spec, options).rows(GPU_TYPE)
     return rows
 
@@ -118,7 +143,8 @@ def scenario_for(plan: dict[str, Any], rows: list[dict[str, Any]], link: dict[st
         "profiles": rows,
         "job": {"global_batch_size": sum(p["micro_batch_size"] * p["num_micro_batches"]
                                          for p in plan["pipelines"]),
-                "schedule": "1f1b", "reserved_gib": 0.0},
+                # A plan may run `local` only when its job does; the local head is profiled.
+                "schedule": plan["schedule"], "local_head_kind": LOCAL_HEAD, "reserved_gib": 0.0},
     }
 
 
@@ -147,6 +173,7 @@ def run(steps: int) -> dict[str, Any]:
         measured = launched[0].step_s[1:]
         results.append({
             "plan": name,
+            "schedule": plan["schedule"],
             "processes": len(launched),
             "estimate_s": evaluation.iteration_s,
             "measured_median_s": statistics.median(measured),

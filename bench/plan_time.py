@@ -5,7 +5,10 @@ then times `plan` in fresh processes (the best and the median of --repeats
 runs: this VM's speed drifts by 20-40% from minute to minute) and reads the
 peak RSS. Each process also reports how long `import planner` took, which a
 one-shot CLI run pays on top and a running service pays once.
+With --schedules 1f1b,interleaved-1f1b --recompute the searches may also choose
+interleaving and recomputation (issue: planning time with the extra schedules allowed).
 Usage: python bench/plan_time.py [--sizes 64,512,4096,8192] [--time-limit S] [--repeats N]
+       [--schedules LIST] [--recompute]
 """
 
 from __future__ import annotations
@@ -61,14 +64,18 @@ def scaled(name: str, total_gpus: int) -> dict:
     return doc
 
 
-def child(name: str, size: int, time_limit: float) -> None:
+def child(name: str, size: int, time_limit: float, schedules: str | None,
+          recompute: bool) -> None:
     started = time.perf_counter()
     from planner import SearchOptions, parse_scenario, plan
+    from planner.documents import Schedule
 
     import_s = time.perf_counter() - started
     scenario = parse_scenario(scaled(name, size))
+    allowed = () if schedules is None else tuple(Schedule(s) for s in schedules.split(","))
     started = time.perf_counter()
-    result = plan(scenario, SearchOptions(time_limit_s=time_limit))
+    result = plan(scenario, SearchOptions(time_limit_s=time_limit, schedules=allowed,
+                                          recompute=recompute))
     wall = time.perf_counter() - started
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     gpus = sum(n.gpus for n in scenario.cluster.nodes)
@@ -94,14 +101,21 @@ def main() -> None:
     parser.add_argument("--time-limit", type=float, default=10.0)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--bases", default=",".join(BASES))
+    parser.add_argument("--schedules", default=None,
+                        help="schedules the search may choose, comma-separated")
+    parser.add_argument("--recompute", action="store_true")
     parser.add_argument("--child", nargs=2)
     args = parser.parse_args()
     if args.child:
-        child(args.child[0], int(args.child[1]), args.time_limit)
+        child(args.child[0], int(args.child[1]), args.time_limit, args.schedules,
+              args.recompute)
         return
+    extra = ([] if args.schedules is None else ["--schedules", args.schedules]) + (
+        ["--recompute"] if args.recompute else [])
     print(f"machine: {platform.machine()}, Python {platform.python_version()}, "
           f"date {time.strftime('%Y-%m-%d')}, time limit {args.time_limit} s, "
-          f"{args.repeats} fresh processes per row, speed index {speed_index():.2f} s\n")
+          f"{args.repeats} fresh processes per row, speed index {speed_index():.2f} s, "
+          f"schedules {args.schedules or 'of the job'}{', recompute' if args.recompute else ''}\n")
     print("| base scenario | types | layers | GPUs | plan s (best) | plan s (median) | "
           "import s | peak RSS MiB | samples/s |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -110,7 +124,7 @@ def main() -> None:
             runs = []
             for _ in range(args.repeats):
                 out = subprocess.run([sys.executable, __file__, "--child", name, str(size),
-                                      "--time-limit", str(args.time_limit)],
+                                      "--time-limit", str(args.time_limit), *extra],
                                      capture_output=True, text=True, timeout=1800)
                 if out.returncode != 0:
                     print(f"| {name} | | | {size} | failed: {out.stderr.strip()[-200:]} | | | | |")

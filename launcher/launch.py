@@ -7,11 +7,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from launcher.runtime import TrainConfig, WorkerResult, run_worker
+from launcher.layout import launch_rank_map
+from launcher.runtime import TrainConfig, WorkerResult, check_plan, run_worker
 from planner.documents import Plan, dump_document
-from planner.export.ranks import build_rank_map
 from profiles.distributed import spawn
-from profiles.models import get_preset, layer_kinds
+from profiles.models import get_preset
 
 __all__ = ["launch_plan", "check_launchable", "StepReport"]
 
@@ -27,18 +27,14 @@ class StepReport:
 
 
 def check_launchable(plan: Plan, config: TrainConfig) -> None:
-    """`ValueError` saying what to change when the workers could not build the plan's
-    stages: an unknown model preset, or a plan that splits another number of layers."""
+    """`ValueError` saying what to change when the workers could not run the plan: an unknown
+    model preset, a plan that splits another number of layers, or a layout its schedule cannot
+    run (`launcher.layout.launch_problems`)."""
     try:
-        spec = get_preset(config.model)
+        get_preset(config.model)
     except KeyError as error:
         raise ValueError(str(error).strip("'\"")) from None
-    kinds = layer_kinds(spec)
-    num_layers = build_rank_map(plan).num_layers
-    if num_layers != len(kinds):
-        raise ValueError(f"the plan splits {num_layers} layers but model {spec.name} has "
-                         f"{len(kinds)} (embedding, {spec.num_blocks} blocks, head); choose "
-                         f"the model the plan was made for with --model, or plan for this one")
+    check_plan(plan, config)
 
 
 def launch_plan(plan: Plan, config: TrainConfig, *, timeout_s: float = 300.0,
@@ -50,7 +46,7 @@ def launch_plan(plan: Plan, config: TrainConfig, *, timeout_s: float = 300.0,
     its speed. The plan is checked (`check_launchable`) before any process starts;
     `on_step` hears of each step as it ends."""
     check_launchable(plan, config)
-    world_size = build_rank_map(plan).world_size
+    world_size = launch_rank_map(plan).world_size
     document: dict[str, Any] = dump_document(plan)
 
     def forward(line: str) -> None:

@@ -5,18 +5,19 @@ arguments; the rank map tells each which GPU of the plan it plays. Per step:
 
 1. Every pipeline takes its consecutive slice of the global batch (the rank
    map's `first_sample`), cut into its micro-batches.
-2. Each stage runs its forwards and backwards in the plan's order (1F1B or
-   GPipe, `planner.simulate.stage_order`, the same order the estimator
-   simulates). Activations go from the first GPU of a stage to the first GPU
-   of the next and gradients come back the same way, by point-to-point
-   messages; a TP stage's first GPU broadcasts what it receives over its TP
-   group.
+2. Each stage runs its forwards and backwards in the plan's order (1F1B,
+   GPipe, interleaved 1F1B or local; `launcher.stage`, with the operation
+   order the estimator simulates). Activations and gradients move by
+   point-to-point messages between the first GPUs of stages; a TP stage's
+   first GPU broadcasts what it receives over its TP group.
 3. Each micro-batch's loss is scaled by `micro_batch_size / global_batch`
    before its backward, so the gradients summed over every micro-batch of
-   every pipeline are the gradient of the mean loss over the global batch.
-4. Gradients are summed layer group by layer group over the rank map's sync
-   groups: directly on shards when all holders share a TP degree, through
-   full-size buffers when they do not.
+   every pipeline are the gradient of the mean loss over the global batch
+   (under `local`, of each block's mean local loss).
+4. Gradients are summed layer group by layer group over the sync groups
+   (`launcher.layout`): directly on shards when all holders share a TP degree,
+   through full-size buffers when they do not. Under `local` a block's head
+   joins its block's group.
 5. The optimizer steps on this rank's parameters only.
 """
 
@@ -32,16 +33,15 @@ import torch.distributed as dist
 from torch import nn
 
 from launcher.data import global_batch
+from launcher.layout import launch_problems, launch_rank_map
 from launcher.optim import Adam, Sgd
-from planner.documents import Schedule, parse_plan
-from planner.export.ranks import RankInfo, RankMap, SyncGroup, build_rank_map
-from planner.simulate import FORWARD, stage_order
+from launcher.stage import StageRole, build_stage, run_schedule
+from planner.documents import Plan, Schedule, parse_plan
+from planner.export.ranks import RankMap, SyncGroup
 from profiles.distributed import DistContext, report_progress
-from profiles.torch_layers import ModelSpec, build_layer, get_preset, layer_kinds, shard_tensor
+from profiles.torch_layers import build_layer, get_preset, layer_kinds, shard_tensor
 
-__all__ = ["TrainConfig", "WorkerResult", "run_worker", "resolve_schedule"]
-
-HEAD = "head"
+__all__ = ["TrainConfig", "WorkerResult", "run_worker", "resolve_schedule", "check_plan"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,15 +69,41 @@ class WorkerResult:
     stage: int
     tp_rank: int
     losses: list[float] = field(default_factory=list)
-    """Mean loss over the global batch, per step (the same on every rank)."""
+    """Mean loss of the model's head over the global batch, per step (the same on every
+    rank)."""
+    local_losses: list[list[float]] = field(default_factory=list)
+    """Under `local`, per step: the mean local-head loss over the global batch of every block
+    but the last, in block order (the same on every rank); empty lists otherwise."""
     step_s: list[float] = field(default_factory=list)
     """Slowest rank's wall time of each step."""
     weights: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
     """Layer index -> parameter name -> this rank's tensor (only with return_weights)."""
+    operations: list[tuple[int, int, int]] = field(default_factory=list)
+    """(model chunk, direction 0 forward / 1 backward, micro-batch) in the order this rank ran
+    them in its last step."""
+    local_head: dict[str, torch.Tensor] = field(default_factory=dict)
+    """Parameter name -> tensor of this stage's local head (under `local`, with
+    return_weights; a local head is replicated over TP, so whole)."""
 
 
 def resolve_schedule(plan_schedule: Schedule | None, override: Schedule | None) -> Schedule:
     return override or plan_schedule or Schedule.ONE_F_ONE_B
+
+
+def check_plan(plan: Plan, config: TrainConfig) -> RankMap:
+    """The plan's rank map, or a `ValueError` saying what to change when the workers could not
+    run it: another number of layers than the model, or a layout its schedule cannot run."""
+    spec = get_preset(config.model)
+    kinds = layer_kinds(spec)
+    num_layers = max(end for stage in plan.pipelines[0].stages for _, end in stage.ranges)
+    if num_layers != len(kinds):
+        raise ValueError(f"the plan splits {num_layers} layers but model {spec.name} has "
+                         f"{len(kinds)} (embedding, {spec.num_blocks} blocks, head); choose "
+                         "the model the plan was made for with --model, or plan for this one")
+    problems = launch_problems(plan, resolve_schedule(plan.schedule, config.schedule), len(kinds))
+    if problems:
+        raise ValueError("the launcher cannot run this plan:\n  - " + "\n  - ".join(problems))
+    return launch_rank_map(plan)
 
 
 class _Groups:
@@ -97,109 +123,6 @@ class _Groups:
         return self._groups.get(tuple(sorted(members)))
 
 
-@dataclass(kw_only=True)
-class _Stage:
-    """This rank's share of one stage: its layers, neighbours and TP group."""
-
-    me: RankInfo
-    spec: ModelSpec
-    kinds: list[str]
-    layers: dict[int, nn.Module]
-    stage_ranks: tuple[int, ...]
-    tp_group: Any
-    prev_rank: int | None
-    """First GPU of the previous stage (None on the first stage)."""
-    next_rank: int | None
-
-    @property
-    def leader(self) -> bool:
-        """The stage's first GPU, the one that talks to the neighbouring stages."""
-        return self.me.tp_rank == 0
-
-    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        for index, layer in self.layers.items():
-            x = layer(x, labels) if self.kinds[index] == HEAD else layer(x)
-        return x
-
-    def share(self, tensor: torch.Tensor) -> None:
-        """Broadcast the leader's tensor to the whole TP group, in place."""
-        if self.me.tp_size > 1:
-            dist.broadcast(tensor, src=self.stage_ranks[0], group=self.tp_group)
-
-
-def _build_stage(ranks: RankMap, rank: int, spec: ModelSpec, seed: int, groups: _Groups) -> _Stage:
-    me = ranks.ranks[rank]
-    kinds = layer_kinds(spec)
-    if ranks.num_layers != len(kinds):
-        raise ValueError(f"the plan has {ranks.num_layers} layers but {spec.name} has "
-                         f"{len(kinds)} ({kinds}); plan for this model's layers")
-    stage_ranks = ranks.stage_ranks(me.pipeline, me.stage)
-    tp_group = groups.get(stage_ranks)
-    layers = {
-        index: build_layer(spec, kinds[index], layer_index=index, seed=seed, tp_rank=me.tp_rank,
-                           tp_size=me.tp_size, tp_group=tp_group)
-        for index in range(*me.layers)
-    }
-    num_stages = sum(1 for g in ranks.tp_groups if g.pipeline == me.pipeline)
-    prev_rank = ranks.stage_ranks(me.pipeline, me.stage - 1)[0] if me.stage > 0 else None
-    next_rank = (ranks.stage_ranks(me.pipeline, me.stage + 1)[0]
-                 if me.stage + 1 < num_stages else None)
-    return _Stage(me=me, spec=spec, kinds=kinds, layers=layers, stage_ranks=stage_ranks,
-                  tp_group=tp_group, prev_rank=prev_rank, next_rank=next_rank)
-
-
-def _run_schedule(stage: _Stage, ranks: RankMap, schedule: Schedule, tokens: torch.Tensor,
-                  labels: torch.Tensor) -> float:
-    """Forwards and backwards of every micro-batch in schedule order; returns the summed,
-    batch-weighted loss of this stage's micro-batches (0 unless it holds the head)."""
-    share = ranks.pipelines[stage.me.pipeline]
-    b, m = share.micro_batch_size, share.num_micro_batches
-    num_stages = sum(1 for g in ranks.tp_groups if g.pipeline == stage.me.pipeline)
-    weight = b / ranks.global_batch_size
-    hidden_shape = (b, stage.spec.seq_len, stage.spec.hidden)
-    inputs: dict[int, torch.Tensor] = {}
-    outputs: dict[int, torch.Tensor] = {}
-    sends: list[Any] = []
-    weighted_loss = 0.0
-    for direction, i in stage_order(stage.me.stage, num_stages, m, schedule):
-        rows = slice(share.first_sample + i * b, share.first_sample + (i + 1) * b)
-        if direction == FORWARD:
-            if stage.prev_rank is None:
-                x = tokens[rows]
-            else:
-                x = torch.empty(hidden_shape)
-                if stage.leader:
-                    dist.recv(x, src=stage.prev_rank, tag=i)
-                stage.share(x)
-                x.requires_grad_(True)
-            inputs[i] = x
-            out = stage.forward(x, labels[rows])
-            if stage.next_rank is None:
-                weighted_loss += weight * out.item()
-                out = out * weight  # backward of the scaled loss: see the module docstring
-            elif stage.leader:
-                # isend: a blocking send could wait on a neighbour that is itself sending.
-                sends.append(dist.isend(out.detach().contiguous(), dst=stage.next_rank, tag=i))
-            outputs[i] = out
-        else:
-            out = outputs.pop(i)
-            if stage.next_rank is None:
-                out.backward()
-            else:
-                grad = torch.empty(hidden_shape)
-                if stage.leader:
-                    dist.recv(grad, src=stage.next_rank, tag=i)
-                stage.share(grad)
-                out.backward(grad)
-            x = inputs.pop(i)
-            if stage.prev_rank is not None and stage.leader:
-                assert x.grad is not None
-                sends.append(dist.isend(x.grad.contiguous(), dst=stage.prev_rank, tag=i))
-    for work in sends:
-        work.wait()
-    return weighted_loss
-
-
 @dataclass(frozen=True, kw_only=True)
 class _Placement:
     """Where a sharded parameter's local elements sit in the full (TP=1) tensor."""
@@ -213,7 +136,7 @@ class _Placement:
 Placements = dict[tuple[int, str], _Placement | None]
 
 
-def _sync_gradients(stage: _Stage, ranks: RankMap, groups: _Groups,
+def _sync_gradients(stage: StageRole, ranks: RankMap, groups: _Groups,
                     full_index: Placements) -> None:
     """Sum each layer group's gradients over the stages that hold it, one per pipeline."""
     for sync in ranks.sync_groups:
@@ -222,14 +145,20 @@ def _sync_gradients(stage: _Stage, ranks: RankMap, groups: _Groups,
                 _reduce_group(stage, sync, groups.get(members), full_index)
 
 
-def _local_params(stage: _Stage, sync: SyncGroup) -> list[tuple[int, str, nn.Parameter]]:
-    return [(index, name, param) for index in range(*sync.layers)
-            for name, param in stage.layers[index].named_parameters()]
+def _sync_params(stage: StageRole, sync: SyncGroup, full_index: Placements
+                 ) -> list[tuple[nn.Parameter, _Placement | None]]:
+    """This rank's parameters in `sync` with their placements; a local head joins the group
+    that ends with its block (replicated under TP, so no placement)."""
+    params = [(param, full_index.get((index, name))) for index in range(*sync.layers)
+              for name, param in stage.layers[index].named_parameters()]
+    if stage.local_head is not None and sync.layers[1] - 1 == stage.last_layer:
+        params += [(param, None) for param in stage.local_head.parameters()]
+    return params
 
 
-def _reduce_group(stage: _Stage, sync: SyncGroup, group: Any, full_index: Placements) -> None:
-    params = _local_params(stage, sync)
-    grads = [_grad(param) for _, _, param in params]
+def _reduce_group(stage: StageRole, sync: SyncGroup, group: Any, full_index: Placements) -> None:
+    params = _sync_params(stage, sync, full_index)
+    grads = [_grad(param) for param, _ in params]
     if sync.kind == "sharded":
         flat = torch.cat([g.flatten() for g in grads])
         dist.all_reduce(flat, group=group)
@@ -237,8 +166,7 @@ def _reduce_group(stage: _Stage, sync: SyncGroup, group: Any, full_index: Placem
         # Mixed TP degrees: reduce full-size tensors. A shard lands at its place in the full
         # tensor; a replicated parameter's gradient, the same on all tp ranks, counts 1/tp.
         parts = []
-        for (index, name, _), grad in zip(params, grads, strict=True):
-            place = full_index[index, name]
+        for (_, place), grad in zip(params, grads, strict=True):
             if place is None:
                 parts.append(grad.flatten() / stage.me.tp_size)
             else:
@@ -247,11 +175,9 @@ def _reduce_group(stage: _Stage, sync: SyncGroup, group: Any, full_index: Placem
                 parts.append(full)
         flat = torch.cat(parts)
         dist.all_reduce(flat, group=group)
-        pieces = []
-        for part, (index, name, _) in zip(flat.split([p.numel() for p in parts]), params,
-                                               strict=True):
-            place = full_index[index, name]
-            pieces.append(part if place is None else part[place.positions])
+        pieces = [part if place is None else part[place.positions]
+                  for part, (_, place) in zip(flat.split([p.numel() for p in parts]), params,
+                                              strict=True)]
         flat = torch.cat(pieces)
     for grad, piece in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
         grad.copy_(piece.view_as(grad))
@@ -263,7 +189,7 @@ def _grad(param: nn.Parameter) -> torch.Tensor:
     return param.grad
 
 
-def _full_placement(stage: _Stage, ranks: RankMap) -> Placements:
+def _full_placement(stage: StageRole, ranks: RankMap) -> Placements:
     """For each parameter of a layer in a mixed-TP sync group: the flat positions of this
     rank's shard in the full tensor, or None when the parameter is replicated."""
     placement: Placements = {}
@@ -283,8 +209,12 @@ def _full_placement(stage: _Stage, ranks: RankMap) -> Placements:
     return placement
 
 
-def _optimizer(stage: _Stage, config: TrainConfig) -> Sgd | Adam:
-    params = [p for layer in stage.layers.values() for p in layer.parameters()]
+def _modules(stage: StageRole) -> list[nn.Module]:
+    return [*stage.layers.values(), *([] if stage.local_head is None else [stage.local_head])]
+
+
+def _optimizer(stage: StageRole, config: TrainConfig) -> Sgd | Adam:
+    params = [p for module in _modules(stage) for p in module.parameters()]
     if config.optimizer == "adam":
         return Adam(params, lr=config.lr)
     return Sgd(params, lr=config.lr)
@@ -296,40 +226,52 @@ def run_worker(ctx: DistContext, plan_document: dict[str, Any], config: TrainCon
     torch.manual_seed(config.seed)  # nothing should draw from it; fixes it if something does
     if config.cpu_threads is not None:
         torch.set_num_threads(config.cpu_threads)
-    ranks = build_rank_map(parse_plan(plan_document))
+    plan = parse_plan(plan_document)
+    ranks = check_plan(plan, config)
     if ctx.world_size != ranks.world_size:
         raise ValueError(f"the plan has {ranks.world_size} GPUs but {ctx.world_size} processes "
                          "were started; start one process per GPU of the plan")
-    schedule = resolve_schedule(ranks.schedule, config.schedule)
+    schedule = resolve_schedule(plan.schedule, config.schedule)
     spec = get_preset(config.model)
     groups = _Groups(ranks)
-    stage = _build_stage(ranks, ctx.rank, spec, config.seed, groups)
+    me = ranks.ranks[ctx.rank]
+    stage = build_stage(plan, ranks, ctx.rank, spec, seed=config.seed, schedule=schedule,
+                        tp_group=groups.get(ranks.stage_ranks(me.pipeline, me.stage)))
     full_index = _full_placement(stage, ranks)
     optimizer = _optimizer(stage, config)
-    result = WorkerResult(rank=ctx.rank, pipeline=stage.me.pipeline, stage=stage.me.stage,
-                          tp_rank=stage.me.tp_rank)
+    result = WorkerResult(rank=ctx.rank, pipeline=me.pipeline, stage=me.stage, tp_rank=me.tp_rank)
+    num_blocks = len(plan.pipelines[0].stages) if schedule is Schedule.LOCAL else 1
     for step in range(config.steps):
         tokens, labels = global_batch(spec, ranks.global_batch_size, seed=config.seed, step=step)
         dist.barrier()
         started = time.perf_counter()
-        for layer in stage.layers.values():
-            layer.zero_grad(set_to_none=False)
-        weighted_loss = _run_schedule(stage, ranks, schedule, tokens, labels)
+        for module in _modules(stage):
+            module.zero_grad(set_to_none=False)
+        record = run_schedule(stage, ranks.pipelines[me.pipeline], schedule, tokens, labels,
+                              ranks.global_batch_size)
         _sync_gradients(stage, ranks, groups, full_index)
         optimizer.step()
         elapsed = torch.tensor([time.perf_counter() - started])
-        # Only the first GPU of a last stage reports its loss, so each micro-batch counts once.
-        counted = weighted_loss if stage.next_rank is None and stage.leader else 0.0
-        loss = torch.tensor([counted])
-        dist.all_reduce(loss)
+        # One number per block: the model's loss last, each local head's before it. Only first
+        # GPUs report, so each micro-batch counts once.
+        reported = torch.zeros(num_blocks)
+        if stage.leader:
+            reported[-1] = record.model
+            if stage.local_head is not None:
+                reported[me.stage] = record.local
+        dist.all_reduce(reported)
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-        result.losses.append(float(loss))
+        result.losses.append(float(reported[-1]))
+        result.local_losses.append(reported[:-1].tolist())
         result.step_s.append(float(elapsed))
-        report_progress(ctx, json.dumps({"step": step, "loss": float(loss),
+        result.operations = record.operations
+        report_progress(ctx, json.dumps({"step": step, "loss": float(reported[-1]),
                                          "step_s": float(elapsed)}))
     if config.return_weights:
-        result.weights = {
-            index: {name: p.detach().clone() for name, p in layer.named_parameters()}
-            for index, layer in stage.layers.items()
-        }
+        result.weights = {index: _copy(layer) for index, layer in stage.layers.items()}
+        result.local_head = {} if stage.local_head is None else _copy(stage.local_head)
     return result
+
+
+def _copy(module: nn.Module) -> dict[str, torch.Tensor]:
+    return {name: p.detach().clone() for name, p in module.named_parameters()}

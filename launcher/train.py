@@ -16,9 +16,10 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from launcher.layout import launch_rank_map
 from launcher.runtime import TrainConfig, run_worker
 from planner.documents import Schedule, parse_plan
-from planner.export.ranks import RankMap, build_rank_map
+from planner.export.ranks import RankMap
 from profiles.distributed import init_from_env
 
 __all__ = ["check_torchrun_placement", "main"]
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
                          optimizer=args.optimizer, lr=args.lr,
                          schedule=None if args.schedule is None else Schedule(args.schedule))
     document = json.loads(args.plan.read_text())
-    check_torchrun_placement(build_rank_map(parse_plan(document)), os.environ)
+    check_torchrun_placement(launch_rank_map(parse_plan(document)), os.environ)
     ctx = init_from_env("cpu")
     result = run_worker(ctx, document, config)
     if ctx.rank == 0:

@@ -12,7 +12,8 @@ micro-batch, on one GPU of a TP group of `tp`:
 - FLOPs are Megatron's matmul counts (Narayanan et al. 2021, eq. 3, derived
   per layer): a block's forward does `2*s*h*(4h + k*f) + 4*s^2*h` FLOPs per
   sample, `k` = 2 for a GELU MLP (up, down), 3 for SwiGLU (gate, up, down);
-  the head `2*s*h*V`; the embedding is a gather with no matmul.
+  the head (and a local head, built the same) `2*s*h*V`; the embedding is a
+  gather with no matmul.
 - Bytes moved: the layer's local weights once, plus its saved activations
   written once and the input read once; the embedding's backward also
   writes its dense `V x h` gradient. A floor for memory-bound layers only.
@@ -32,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from profiles.models import BLOCK, EMBEDDING, HEAD, ModelSpec, check_tp, layer_params
+from profiles.models import BLOCK, EMBEDDING, HEAD, LOCAL_HEAD, ModelSpec, check_tp, layer_params
 from profiles.models import output_bytes_per_sample as _output_bytes
 from profiles.rows import ESTIMATED
 
@@ -96,7 +97,7 @@ def forward_flops(spec: ModelSpec, kind: str, micro_batch: int) -> float:
     if kind == BLOCK:
         mlp_mats = 2 if spec.style == "gpt" else 3
         return micro_batch * (2 * s * h * (4 * h + mlp_mats * f) + 4 * s * s * h)
-    if kind == HEAD:
+    if kind in (HEAD, LOCAL_HEAD):
         return micro_batch * 2 * s * h * v
     raise ValueError(f"unknown layer kind {kind!r}")
 
@@ -129,7 +130,7 @@ def activation_bytes(
         # Llama's rotary cos/sin tables, kept once whatever the batch.
         rotary = 0 if gpt else 2 * spec.seq_len * spec.head_dim * d
         return tokens * (elements * d + 2 * norm_stats + lse) + rotary
-    if kind == HEAD:
+    if kind in (HEAD, LOCAL_HEAD):
         # The final norm, the fp32 log-softmax over the vocabulary, the labels;
         # plus the 4-byte total weight of the mean loss.
         return tokens * (norm_elements * d + norm_stats + spec.vocab_size * fp32 + ids) + 4

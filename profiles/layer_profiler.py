@@ -50,6 +50,7 @@ from profiles.models import (
     BLOCK,
     EMBEDDING,
     HEAD,
+    LOCAL_HEAD,
     ModelSpec,
     check_tp,
     layer_kinds,
@@ -93,7 +94,8 @@ class ProfileOptions:
     noise_threshold: float = 0.10
     """A point is flagged noisy when its spread exceeds this fraction of its median."""
     kinds: tuple[str, ...] = (EMBEDDING, BLOCK, HEAD)
-    """Layer kinds to profile."""
+    """Layer kinds to profile; add `local_head` for a job whose schedule is `local` (its
+    `job.local_head_kind` is then `local_head`)."""
     seed: int = 0
     cpu_threads: int | None = None
     """CPU only: intra-op threads per process. None: torch's default for TP=1 and
@@ -267,13 +269,15 @@ def _measure(
     dtype = DTYPES[options.dtype_name]
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats(device)  # the peak reported is this point's
-    index = layer_kinds(spec).index(kind)
+    # A local head reads the last block's output: the same shapes after any block.
+    index = spec.num_layers - 2 if kind == LOCAL_HEAD else layer_kinds(spec).index(kind)
     layer = build_layer(spec, kind, layer_index=index, seed=options.seed,
                         tp_rank=ctx.rank if ctx else 0, tp_size=tp, dtype=dtype, device=device)
     inputs = _inputs(spec, kind, micro_batch, dtype=dtype, device=device, seed=options.seed)
     output, activation = saved_activation_bytes(layer, inputs)
-    grad_out = torch.ones_like(output) if kind == HEAD else torch.randn_like(output)
-    output_bytes = 0 if kind == HEAD else output.numel() * output.element_size() // micro_batch
+    head = kind in (HEAD, LOCAL_HEAD)
+    grad_out = torch.ones_like(output) if head else torch.randn_like(output)
+    output_bytes = 0 if head else output.numel() * output.element_size() // micro_batch
     del output
     timer = _CudaTimer() if device.startswith("cuda") else _CpuTimer(
         time.process_time_ns if options.cpu_clock == "process" else time.perf_counter_ns)
@@ -318,7 +322,7 @@ def _inputs(
         return (ids,)
     hidden = torch.randn(*shape, spec.hidden, generator=gen).to(device=device, dtype=dtype)
     hidden.requires_grad_(True)  # a stage boundary: backward must produce the input gradient
-    return (hidden,) if kind == BLOCK else (hidden, ids)
+    return (hidden,) if kind == BLOCK else (hidden, ids)  # heads take the labels too
 
 
 def saved_activation_bytes(

@@ -16,6 +16,7 @@ __all__ = [
     "EMBEDDING",
     "BLOCK",
     "HEAD",
+    "LOCAL_HEAD",
     "KINDS",
     "STYLES",
     "ModelSpec",
@@ -30,7 +31,12 @@ __all__ = [
 EMBEDDING = "embedding"
 BLOCK = "block"
 HEAD = "head"
-KINDS = (EMBEDDING, BLOCK, HEAD)
+LOCAL_HEAD = "local_head"
+"""The auxiliary head of local learning (schedule `local`): every block but the last trains
+through one. It is no layer of the model (`layer_kinds` never lists it); a scenario names it
+in `job.local_head_kind`. Built like `head` (final norm, LM projection, cross-entropy): the
+local loss predicts the same next tokens from the block's output."""
+KINDS = (EMBEDDING, BLOCK, HEAD, LOCAL_HEAD)
 STYLES = ("gpt", "llama")
 
 Style = Literal["gpt", "llama"]
@@ -124,7 +130,7 @@ def get_preset(name: str) -> ModelSpec:
 
 
 def layer_kinds(spec: ModelSpec) -> list[str]:
-    """Kind of each layer, in order: embedding, the blocks, head."""
+    """Kind of each layer, in order: embedding, the blocks, head (never the local head)."""
     return [EMBEDDING, *([BLOCK] * spec.num_blocks), HEAD]
 
 
@@ -140,14 +146,14 @@ def layer_params(spec: ModelSpec, kind: str) -> int:
             return 4 * h + (3 * h * h + 3 * h) + (h * h + h) + (h * f + f) + (f * h + h)
         # two RMSNorms, QKV and out without biases, SwiGLU gate/up/down
         return 2 * h + 4 * h * h + 3 * h * f
-    if kind == HEAD:
+    if kind in (HEAD, LOCAL_HEAD):
         return (2 * h if gpt else h) + h * v
     raise ValueError(f"unknown layer kind {kind!r}; use one of {list(KINDS)}")
 
 
 def output_bytes_per_sample(spec: ModelSpec, kind: str, *, dtype_bytes: int) -> int:
-    """Bytes a layer hands to the next one for one sample; the head hands on a loss only."""
-    if kind == HEAD:
+    """Bytes a layer hands to the next one for one sample; heads hand on a loss only."""
+    if kind in (HEAD, LOCAL_HEAD):
         return 0
     if kind in (EMBEDDING, BLOCK):
         return spec.seq_len * spec.hidden * dtype_bytes

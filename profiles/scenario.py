@@ -24,7 +24,13 @@ from typing import Any
 
 from planner import parse_scenario
 from profiles.estimate import DTYPE_BYTES
-from profiles.models import ModelSpec, layer_kinds, layer_params, output_bytes_per_sample
+from profiles.models import (
+    LOCAL_HEAD,
+    ModelSpec,
+    layer_kinds,
+    layer_params,
+    output_bytes_per_sample,
+)
 from profiles.reference import gpu_catalogue, link_defaults, reference_rows
 
 __all__ = ["ClusterError", "assemble_scenario", "merge_rows"]
@@ -64,7 +70,7 @@ def assemble_scenario(
         "format": "hetplan-scenario/1",
         "gpu_types": gpu_types,
         "cluster": _links(cluster, used_types),
-        "model": _model(spec, rows),
+        "model": _model(spec, rows, local_head=(job or {}).get("local_head_kind") == LOCAL_HEAD),
         "profiles": rows,
         "job": {"global_batch_size": global_batch_size, **(job or {})},
     }
@@ -157,11 +163,14 @@ def _point(row: dict[str, Any]) -> tuple[Any, ...]:
     return (row["gpu_type"], row["kind"], row["micro_batch"], row["tp"])
 
 
-def _model(spec: ModelSpec, rows: list[dict[str, Any]]) -> dict[str, Any]:
+def _model(spec: ModelSpec, rows: list[dict[str, Any]], *, local_head: bool) -> dict[str, Any]:
+    """The model section; `local_head`: the job trains through local heads (schedule local), so
+    their kind is declared too (it is in no position of `layers`)."""
     # Hand-off sizes follow the dtype the rows were profiled in (bf16 on GPU).
     dtypes = {r.get("x_dtype", "bfloat16") for r in rows}
     dtype_bytes = max((DTYPE_BYTES.get(d, 2) for d in dtypes), default=2)
     kinds = layer_kinds(spec)
+    declared = kinds + [LOCAL_HEAD] if local_head else kinds
     return {
         "name": spec.name,
         "seq_len": spec.seq_len,
@@ -170,6 +179,6 @@ def _model(spec: ModelSpec, rows: list[dict[str, Any]]) -> dict[str, Any]:
             kind: {"params": layer_params(spec, kind),
                    "output_bytes_per_sample": output_bytes_per_sample(
                        spec, kind, dtype_bytes=dtype_bytes)}
-            for kind in dict.fromkeys(kinds)
+            for kind in dict.fromkeys(declared)
         },
     }

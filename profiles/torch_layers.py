@@ -6,12 +6,16 @@
 - `block`: hidden -> hidden (GPT: LayerNorm, attention, GELU MLP; Llama:
   RMSNorm, attention with rotary positions, SwiGLU MLP);
 - `head`: (hidden, labels `[b, s]`) -> scalar mean cross-entropy (final
-  norm, LM head, loss).
+  norm, LM head, loss);
+- `local_head`: the same computation with weights of its own, the auxiliary
+  head a block trains through under local learning (schedule `local`). Its
+  `layer_index` is the layer whose output it reads, the last of its block.
 
 Initialization is deterministic and independent of the TP degree: the full
 weights of layer `layer_index` are drawn from a CPU `torch.Generator` seeded
-by `(seed, layer_index)`, always in the same order, and each rank keeps its
-shard. So a TP=2 run starts from exactly the weights a TP=1 run starts from.
+by `(seed, layer_index)` (a local head's from `(seed, num_layers +
+layer_index)`, so it never shares a layer's draws), always in the same order,
+and each rank keeps its shard. So a TP=2 run starts from exactly the weights a TP=1 run starts from.
 
 Tensor parallelism follows Shoeybi et al. (2019), Megatron-LM: QKV and MLP-up
 (and SwiGLU gate) are column-parallel, attention-out and MLP-down are
@@ -19,7 +23,7 @@ row-parallel. `_CopyToTensorParallel` ("f") is the identity forward and an
 all-reduce of the input gradient backward; `_ReduceFromTensorParallel` ("g")
 all-reduces the row-parallel partial outputs forward and is the identity
 backward. Biases of row-parallel layers are added once, after the reduce.
-Embedding and head are replicated on every TP rank.
+Embedding and both heads are replicated on every TP rank.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from profiles.models import (
     EMBEDDING,
     HEAD,
     KINDS,
+    LOCAL_HEAD,
     PRESETS,
     ModelSpec,
     check_tp,
@@ -57,6 +62,7 @@ __all__ = [
     "GptBlock",
     "LlamaBlock",
     "Head",
+    "LocalHead",
 ]
 
 INIT_STD = 0.02
@@ -341,6 +347,10 @@ class Head(nn.Module):
         return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
 
 
+class LocalHead(Head):
+    """A block's auxiliary head under local learning: a `Head` with weights of its own."""
+
+
 def build_layer(
     spec: ModelSpec,
     kind: str,
@@ -358,29 +368,42 @@ def build_layer(
     `tp_group` is the process group of the TP ranks (None: the default group);
     it must have `tp_size` ranks. `tp_rank` picks which shard this process holds
     (0..tp_size-1, each exactly once in the group); it need not equal the
-    process's rank inside `tp_group`.
+    process's rank inside `tp_group`. For `local_head`, `layer_index` is the layer whose
+    output the head reads (any layer but the model's head).
     Weights are drawn in fp32 on the CPU, then cast to `dtype` and moved to
     `device`, so every dtype and device starts from the same values.
     """
     if kind not in KINDS:
         raise ValueError(f"unknown layer kind {kind!r}; use one of {list(KINDS)}")
-    if not 0 <= layer_index < spec.num_layers:
+    _check_layer_index(spec, kind, layer_index)
+    check_tp(spec, tp_size)
+    tp = _TensorParallel(tp_rank, tp_size, tp_group)
+    module: nn.Module
+    if kind == LOCAL_HEAD:
+        module = LocalHead(spec, _Init(seed, spec.num_layers + layer_index))
+    elif kind == EMBEDDING:
+        module = Embedding(spec, _Init(seed, layer_index))
+    elif kind == BLOCK:
+        module = (GptBlock if spec.style == "gpt" else LlamaBlock)(spec, _Init(seed, layer_index), tp)
+    else:
+        assert kind == HEAD
+        module = Head(spec, _Init(seed, layer_index))
+    return module.to(dtype=dtype, device=device)
+
+
+def _check_layer_index(spec: ModelSpec, kind: str, layer_index: int) -> None:
+    last = spec.num_layers - 1
+    if kind == LOCAL_HEAD:
+        if not 0 <= layer_index < last:
+            raise ValueError(f"a local head reads the output of layer {layer_index}, but "
+                             f"{spec.name}'s layers before its head are 0..{last - 1}; attach it "
+                             "to the last layer of a block that is not the last")
+        return
+    if not 0 <= layer_index <= last:
         raise ValueError(
             f"layer_index {layer_index} is outside {spec.name}'s {spec.num_layers} layers "
-            f"(0..{spec.num_layers - 1})"
+            f"(0..{last})"
         )
     expected = layer_kinds(spec)[layer_index]
     if expected != kind:
         raise ValueError(f"layer {layer_index} of {spec.name} is a {expected!r}, not {kind!r}")
-    check_tp(spec, tp_size)
-    tp = _TensorParallel(tp_rank, tp_size, tp_group)
-    init = _Init(seed, layer_index)
-    module: nn.Module
-    if kind == EMBEDDING:
-        module = Embedding(spec, init)
-    elif kind == BLOCK:
-        module = (GptBlock if spec.style == "gpt" else LlamaBlock)(spec, init, tp)
-    else:
-        assert kind == HEAD
-        module = Head(spec, init)
-    return module.to(dtype=dtype, device=device)

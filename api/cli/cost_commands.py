@@ -1,4 +1,5 @@
-"""`hetplan pareto` (the cost/throughput frontier) and `hetplan whatif` (changed fleets).
+"""`hetplan pareto` (the cost/throughput frontier, also as a viewer page) and `hetplan
+whatif` (changed fleets).
 
 Heavy imports (the planner, rich) happen inside the commands, so `hetplan --help` stays
 fast.
@@ -19,6 +20,7 @@ import typer
 from api.cli.output import fail, load_document, stderr_console
 
 if TYPE_CHECKING:
+    from planner.documents import Scenario
     from planner.fleet import FleetOutcome, FleetVariant, WhatIfRow
 
 __all__ = ["register", "parse_added", "parse_removed"]
@@ -62,6 +64,10 @@ def pareto(
     max_fleets: Annotated[int, typer.Option(min=1, help="Most sub-fleets planned.")] = 48,
     jobs: JobsOption = DEFAULT_JOBS,
     ray: RayOption = None,
+    html_path: Annotated[Path | None, typer.Option(
+        "--html", metavar="FILE", help="Also write the frontier as a chart (samples/s "
+        "against USD/hour) with every point's plan drawn below it, one offline HTML page; "
+        "clicking a point opens its plan.")] = None,
 ) -> None:
     """The cost/throughput Pareto frontier over subsets of the GPU types and partial fleets."""
     import planner
@@ -78,6 +84,8 @@ def pareto(
     except (planner.PlannerError, RayUnavailable) as error:
         raise fail(str(error)) from None
     points = fleet.frontier(outcomes)
+    if html_path is not None:
+        _write_frontier_page(html_path, scenario, points)
     if as_json:
         typer.echo(json.dumps({"frontier": [frontier_point(p) for p in points]}, indent=1))
         return
@@ -94,6 +102,30 @@ def frontier_point(outcome: FleetOutcome) -> dict[str, Any]:
             "usd_per_million_tokens": outcome.result.evaluation.usd_per_million_tokens,
             "fleet": outcome.label,
             "plan": dump_document(with_estimate(outcome.result.plan, outcome.result.evaluation))}
+
+
+def _write_frontier_page(target: Path, scenario: Scenario, points: list[FleetOutcome]) -> None:
+    """The viewer's frontier page, each point's plan drawn in the same file (as the service
+    stores it: on the whole fleet, the GPUs left out idle), linked by anchor."""
+    from api.viewer import PlanView, chart_point, frontier_page
+    from planner import fleet
+
+    views = []
+    for n, point in enumerate(points):
+        assert point.result is not None, "frontier points are planned"
+        whole = fleet.on_whole_scenario(scenario, point, point.result.wall_s,
+                                        {"fleet": point.label})
+        views.append(PlanView(title=f"point {n}: {point.label}", scenario=scenario,
+                              plan=whole.plan, status=whole.status.value,
+                              baselines_samples_per_s=dict(whole.baselines),
+                              unused_gpus=whole.unused_gpus))
+    chart = [chart_point(view, f"#point-{n}") for n, view in enumerate(views)]
+    try:
+        target.write_text(frontier_page(f"Pareto frontier: {len(points)} points", chart,
+                                        plotly_src=None, views=views))
+    except OSError as error:
+        raise fail(f"cannot write {target}: {error.strerror}") from None
+    typer.echo(f"wrote {target}", err=True)
 
 
 def _print_frontier(points: list[FleetOutcome], num_fleets: int) -> None:

@@ -139,12 +139,14 @@ def launch_command(
     optimizer: Annotated[OptimizerName, typer.Option(help="Optimizer.")] = OptimizerName.SGD,
     lr: Annotated[float, typer.Option(help="Learning rate.")] = 0.1,
     schedule: Annotated[str | None, typer.Option(
-        help="Run this schedule instead of the plan's (1f1b, gpipe, ...).")] = None,
+        help="Run this schedule instead of the plan's (1f1b, gpipe, interleaved-1f1b, "
+             "local).")] = None,
     max_processes: Annotated[int, typer.Option(
         help="Refuse plans with more GPUs than this (each becomes a local process).")] = 8,
     check: Annotated[bool, typer.Option(
-        help="Also train the whole model in one process and report the largest weight "
-             "difference (should be ~1e-7 or less in fp32).")] = False,
+        help="Also train the whole model in one process (local learning on the plan's "
+             "blocks under schedule local) and report the largest weight difference "
+             "(should be ~1e-7 or less in fp32).")] = False,
     cpu_threads: Annotated[int | None, typer.Option(
         min=1, help="Intra-op threads per process (default: the cores split evenly).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON lines.")] = False,
@@ -157,14 +159,13 @@ def launch_command(
     the step ends."""
     from planner import PlannerError
     from planner.documents import Schedule
-    from planner.export import rank_map
 
     loaded = _load_plan(plan)
+    # One process per GPU; the rank map (which reads one range per stage, so not yet
+    # interleaved plans) is built by the launcher, which checks the plan before it spawns.
+    num_gpus = len({gpu for p in loaded.pipelines for stage in p.stages for gpu in stage.gpus})
     try:
-        num_gpus = rank_map(loaded)["world_size"]
         chosen = None if schedule is None else Schedule(schedule)
-    except PlannerError as error:
-        raise fail(str(error)) from None
     except ValueError:
         raise fail(f"--schedule {schedule!r}: use one of {[s.value for s in Schedule]}") from None
     if num_gpus > max_processes:
@@ -189,7 +190,7 @@ def launch_command(
 
     try:
         results = launch_plan(loaded, config, on_step=print_step)
-    except (ValueError, RuntimeError) as error:
+    except (PlannerError, ValueError, RuntimeError) as error:
         raise fail(str(error)) from None
     if check:
         from launcher.check import max_weight_difference

@@ -12,7 +12,9 @@ baselines are finalists too, so the result is never worse than them.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
+import itertools
 import math
 import threading
 import time
@@ -48,7 +50,7 @@ from planner.search.schedules import (
     within_block_cap,
 )
 from planner.search.tables import ScenarioTables, compile_tables
-from planner.search.templates import PipelineTemplate, generate_templates
+from planner.search.templates import ClassKey, PipelineTemplate, generate_templates
 from planner.space_bound import SpaceBound, space_bound
 
 __all__ = ["PlanStatus", "SearchOptions", "PlanResult", "plan"]
@@ -375,6 +377,13 @@ def _allocation_candidates(
     runs = [(cap_value, subset) for cap_value in caps
             for subset in _sync_filtered(templates, cap_value or num_free)
             if cap_value is not None or len(subset) < len(templates)]  # not the free one again
+    # A ring that spans zones runs at the slowest inter-zone link, and a slow type's stages
+    # can hold the most parameters per GPU: the allocation's linear model sees neither, and
+    # leaving a zone or a type idle can be faster. These runs only look for such plans;
+    # they prove nothing the runs over every template do not.
+    proving = len(runs)
+    runs += [(None, subset) for confined in _confined_subsets(tables, templates)
+             for subset in _sync_filtered(confined, num_free)]
 
     def solve(cap_value: int | None, subset: list[PipelineTemplate]) -> Allocation | None:
         if time.monotonic() - started > budget:
@@ -394,15 +403,50 @@ def _allocation_candidates(
                 try:
                     found = future.result()
                 except TimeoutError:
-                    proven = False
+                    proven = proven and done >= proving
                     continue
                 if found is not None:
-                    proven = proven and found.proven
+                    proven = proven and (found.proven or done >= proving)
                     add_drafts(found, subset, cap_value)
         finally:
             for future in futures:
                 future.cancel()
     return best_realized(tables, drafts, 2 * options.finalists), proven
+
+
+MAX_ZONES_SUBSETS = 4
+"""Up to this many zones, every proper subset of them gets its own allocation runs."""
+
+
+def _confined_subsets(
+    tables: ScenarioTables, templates: list[PipelineTemplate]
+) -> list[list[PipelineTemplate]]:
+    """Templates confined to each proper subset of the zones (with more zones, to each zone
+    alone and to all but each one), and to all GPU types but each one."""
+    zones = sorted({c.zone or "" for c in tables.classes})
+    picks: list[Callable[[ClassKey], bool]] = []
+    if len(zones) >= 2:
+        kept = ([set(c) for k in range(1, len(zones)) for c in itertools.combinations(zones, k)]
+                if len(zones) <= MAX_ZONES_SUBSETS
+                else [{z} for z in zones] + [set(zones) - {z} for z in zones])
+        picks += [functools.partial(_in_zones, allowed) for allowed in kept]
+    types = sorted({c.gpu_type for c in tables.classes})
+    if len(types) >= 2:
+        picks += [functools.partial(_not_of_type, left_out) for left_out in types]
+    subsets = []
+    for allowed in picks:
+        subset = [t for t in templates if all(allowed(key) for key in t.gpus())]
+        if subset:
+            subsets.append(subset)
+    return subsets
+
+
+def _in_zones(zones: set[str], key: ClassKey) -> bool:
+    return (key[1] or "") in zones
+
+
+def _not_of_type(gpu_type: str, key: ClassKey) -> bool:
+    return key[0] != gpu_type
 
 
 def _sync_filtered(

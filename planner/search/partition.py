@@ -22,7 +22,8 @@ from planner.costs import state_bytes_per_param
 from planner.search.tables import PointCosts, ScenarioTables
 
 __all__ = [
-    "StageSpec", "LinkCost", "Partition", "SuffixSweep", "fixed_partition", "sweep_together",
+    "StageSpec", "LinkCost", "Partition", "SuffixSweep", "extract_light_together", "fixed_partition",
+    "sweep_together",
 ]
 
 INF = float("inf")
@@ -170,40 +171,8 @@ class SuffixSweep:
         return self.extract_light_many([num_stages])[num_stages]
 
     def extract_light_many(self, depths: Sequence[int]) -> dict[int, Partition | None]:
-        """`extract_light` for several depths of this sweep at once: the stages pushed k-th
-        are the same for every depth, so each step of the second DP runs for all of them in
-        one numpy pass (each depth held to its own bottleneck)."""
-        found: dict[int, Partition | None] = {}
-        batch = []
-        for depth in depths:
-            if depth > len(self.best) or not np.isfinite(self.best[depth - 1][0]):
-                found[depth] = None
-            elif depth == 1:
-                found[depth] = self.extract(1)
-            else:
-                batch.append(depth)
-        if not batch:
-            return found
-        num_layers = self.tables.num_layers
-        size = num_layers + 1
-        limits = np.array([float(self.best[d - 1][0]) for d in batch])[:, None, None] * (1 + 1e-12)
-        starts = np.arange(size)
-        heaviest = np.full((len(batch), 2 * size), INF)
-        heaviest[:, num_layers] = 0.0
-        choices = []
-        for k in range(1, max(batch) + 1):
-            ends, weight, fits = self._band(self.specs[k - 1])
-            width = ends.shape[1]
-            allowed = fits[None] & (self.cost_matrices[k - 1].by_length[None, :, :width] <= limits)
-            total = np.where(allowed, np.maximum(weight[None], heaviest[:, ends]), INF)
-            pick = total.argmin(axis=2)
-            best = np.take_along_axis(total, pick[:, :, None], axis=2)[:, :, 0]
-            heaviest = np.concatenate((best, np.full((len(batch), size), INF)), axis=1)
-            choices.append(starts[None, :] + pick + 1)
-            for i in np.flatnonzero(np.array(batch) == k).tolist():
-                found[k] = self._walk(k, [c[i] for c in choices]) if np.isfinite(
-                    heaviest[i, 0]) else self.extract(k)
-        return found
+        """`extract_light` for several depths of this sweep at once."""
+        return extract_light_together([self], [depths])[0]
 
     def _walk(self, num_stages: int, choices: Sequence[np.ndarray]) -> Partition:
         """The split that `choices` (per stage from the end, each start's end) give from 0."""
@@ -320,6 +289,63 @@ class _Matrices:
         return self._longest[in_flight]
 
 
+def extract_light_together(
+    sweeps: Sequence[SuffixSweep], depths: Sequence[Sequence[int]]
+) -> list[dict[int, Partition | None]]:
+    """`extract_light` for `depths[i]` of `sweeps[i]`, for all of them at once. The second
+    DP's k-th step runs in one numpy pass over every (sweep, depth) still going, each held
+    to its own bottleneck: the sweeps' k-th stages must share their point and the
+    micro-batches they keep in flight (links may differ: each sweep's own stage times are
+    used), as the sweeps of one point do that only price node crossings differently."""
+    found: list[dict[int, Partition | None]] = [{} for _ in sweeps]
+    rows: list[tuple[int, int]] = []  # (sweep, depth) of each row of the batched DP
+    for i, (sweep, wanted) in enumerate(zip(sweeps, depths, strict=True)):
+        for depth in wanted:
+            if depth > len(sweep.best) or not np.isfinite(sweep.best[depth - 1][0]):
+                found[i][depth] = None
+            elif depth == 1:
+                found[i][depth] = sweep.extract(1)
+            else:
+                rows.append((i, depth))
+    if not rows:
+        return found
+    num_layers = sweeps[0].tables.num_layers
+    size = num_layers + 1
+    owner = np.array([i for i, _ in rows])
+    row_depth = np.array([d for _, d in rows])
+    limits = np.array([sweeps[i].depth_bottleneck(d) for i, d in rows])[:, None, None] * (
+        1 + 1e-12)
+    starts = np.arange(size)
+    heaviest = np.full((len(rows), 2 * size), INF)
+    heaviest[:, num_layers] = 0.0
+    choices: list[np.ndarray] = []
+    for k in range(1, int(row_depth.max()) + 1):
+        going = np.flatnonzero(row_depth >= k)  # rows whose pipelines still have a k-th stage
+        used = sorted(set(owner[going].tolist()))
+        spec = sweeps[used[0]].specs[k - 1]
+        if any(sweeps[i].specs[k - 1].point is not spec.point
+               or sweeps[i].specs[k - 1].in_flight != spec.in_flight for i in used):
+            raise ValueError(f"the sweeps' stages {k} from the end differ in point or "
+                             "micro-batches in flight: extract them one sweep at a time")
+        ends, weight, fits = sweeps[used[0]]._band(spec)
+        width = ends.shape[1]
+        costs = np.stack([sweeps[i].cost_matrices[k - 1].by_length[:, :width] for i in used])
+        slot = np.searchsorted(np.array(used), owner[going])
+        allowed = fits[None] & (costs[slot] <= limits[going])
+        total = np.where(allowed, np.maximum(weight[None], heaviest[going][:, ends]), INF)
+        pick = total.argmin(axis=2)
+        best = np.take_along_axis(total, pick[:, :, None], axis=2)[:, :, 0]
+        heaviest[going, :size] = best
+        step = np.zeros((len(rows), size), dtype=np.intp)
+        step[going] = starts[None, :] + pick + 1
+        choices.append(step)
+        for r in np.flatnonzero(row_depth == k).tolist():
+            i = int(owner[r])
+            found[i][k] = sweeps[i]._walk(k, [c[r] for c in choices]) if np.isfinite(
+                heaviest[r, 0]) else sweeps[i].extract(k)
+    return found
+
+
 def sweep_together(
     sweeps: Sequence[SuffixSweep],
     stages: Sequence[Callable[[int], StageSpec]],
@@ -328,10 +354,10 @@ def sweep_together(
     """Push `stages[i](1)`, `stages[i](2)`, ... in front of `sweeps[i]`, at most `most[i]`,
     each sweep stopping once no deeper pipeline can fit or reach back to layer 0
     (`extendable`, `can_reach_first_layer`): the same result as pushing them one sweep
-    after the other. The stages pushed k-th must share their point and links for every
-    k > 1 (only the micro-batches they keep in flight and the stages behind them differ):
-    those steps run as one numpy pass over all sweeps still going, since at these sizes a
-    step costs its calls more than its arithmetic."""
+    after the other. Where the stages pushed k-th share their point (the micro-batches they
+    keep in flight, their links and the stages behind them may differ), the step runs as
+    one numpy pass over all sweeps still going, since at these sizes a step costs its
+    calls more than its arithmetic."""
     going = []
     for i, sweep in enumerate(sweeps):
         if most[i] < 1:
@@ -362,13 +388,13 @@ def sweep_together(
 
 
 def _shared(specs: list[StageSpec], sweeps: list[SuffixSweep]) -> bool:
-    """Whether these stages, pushed in front of these sweeps, have one point and the same
-    links in and out (and so the same cost and fit matrices)."""
-    first, link_out = specs[0], sweeps[0].specs[-1].link_in
-    return all(s.point is first.point and s.link_in == first.link_in for s in specs) and all(
-        w.specs[-1].link_in == link_out and w.tables is sweeps[0].tables
-        and w.blocking == sweeps[0].blocking and w.num_pipelines == sweeps[0].num_pipelines
-        for w in sweeps)
+    """Whether these stages, pushed in front of these sweeps, have one point and fit the
+    same (their links may differ: each sweep's stage times are its own)."""
+    first = specs[0]
+    return all(s.point is first.point and (s.link_in is None) == (first.link_in is None)
+               for s in specs) and all(
+        w.tables is sweeps[0].tables and w.blocking == sweeps[0].blocking
+        and w.num_pipelines == sweeps[0].num_pipelines for w in sweeps)
 
 
 def _step_together(
@@ -384,8 +410,13 @@ def _step_together(
     Returns the new rows, padded the same way, and whether each sweep goes on."""
     first, spec = sweeps[0], specs[0]
     num_layers = first.tables.num_layers
-    link_out = first.specs[-1].link_in
-    costs, fits = first._costs(spec, link_out), first._fits(spec)
+    # Links in and out set each stage's times: a few distinct matrices among the sweeps.
+    costs = [sweep._costs(s, sweep.specs[-1].link_in) for sweep, s in zip(sweeps, specs,
+                                                                          strict=True)]
+    distinct = {id(c): c for c in costs}
+    slot = {key: n for n, key in enumerate(distinct)}
+    which = np.array([slot[id(c)] for c in costs])
+    fits = first._fits(spec)
     size = 2 * num_layers + 2
     if behind is None:
         behind = np.full((len(sweeps), size), INF)
@@ -398,13 +429,14 @@ def _step_together(
     # Where no range fits at all, a column of infinity gives what `push` gives.
     width = max(min(int(longest.max()), top), 1)
     ends = _ends(num_layers)[:top, :width]
+    stage_s = np.stack([c.by_length[:top, :width] for c in distinct.values()])[which]
     total = np.where(fits.by_length[:top, :width] >= in_flight[:, None, None],
-                     np.maximum(costs.by_length[:top, :width], behind[:, ends]), INF)
+                     np.maximum(stage_s, behind[:, ends]), INF)
     pick = total.argmin(axis=2)
     best = np.take_along_axis(total, pick[:, :, None], axis=2)[:, :, 0]
     choice = ends[_rows(top), pick]
     for r, sweep in enumerate(sweeps):
-        sweep._record(specs[r], costs, fits, best[r, :starts[r]], choice[r, :starts[r]])
+        sweep._record(specs[r], costs[r], fits, best[r, :starts[r]], choice[r, :starts[r]])
     # `_goes_on` of every sweep at once; rows past a sweep's own starts hold infinity.
     finite = best < INF
     first_finite = np.where(finite.any(axis=1), finite.argmax(axis=1), size)

@@ -23,6 +23,7 @@ from planner.search.partition import (
     Partition,
     StageSpec,
     SuffixSweep,
+    extract_light_together,
     fixed_partition,
     sweep_together,
 )
@@ -343,12 +344,13 @@ def _every_depth(
         sweep_together(sweeps, [functools.partial(_aligned_spec, ctx, shape, b, per_node, r,
                                                   inside, across) for r in residues],
                        [max_stages for _ in residues])
+        wanted = [[d for d in range(1, min(max_stages, len(sweep.specs)) + 1)
+                   if d % len(sweeps) == r
+                   and unsharded.get((b, tp, d)) != sweep.depth_bottleneck(d)]
+                  for r, sweep in enumerate(sweeps)]
         parts: dict[int, Partition | None] = {}
-        for r, sweep in enumerate(sweeps):
-            depths = [d for d in range(1, min(max_stages, len(sweep.specs)) + 1)
-                      if d % len(sweeps) == r
-                      and unsharded.get((b, tp, d)) != sweep.depth_bottleneck(d)]
-            parts.update(sweep.extract_light_many(depths))
+        for found in extract_light_together(sweeps, wanted):
+            parts.update(found)
         for depth in sorted(parts):
             part = parts[depth]
             if part is not None:

@@ -1,8 +1,10 @@
 """The plan viewer in a real browser with the network cut: the charts render, each
-pipeline timeline has one row per stage, and the page logs no errors."""
+pipeline timeline has one row per stage (version 1.1 schedules too), and the page logs
+no errors."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +14,8 @@ from typer.testing import CliRunner
 from api.cli import app
 from api.examples import STORY
 from tests.browser.conftest import LiveServer, OfflinePage
+from tests.planner.scenarios import deep
+from tests.planner.test_estimate_schedules import interleaved_two_by_two
 
 ROOT = Path(__file__).parents[2]
 TIMEOUT_MS = 30_000
@@ -78,4 +82,19 @@ def test_hetplan_show_writes_a_page_that_works_offline(tmp_path: Path,
     assert result.exit_code == 0, result.output
     offline_page.page.goto(target.as_uri())
     assert timeline_rows(offline_page, "plan") == [2]
+    assert offline_page.blocked == [] and offline_page.console_errors == []
+
+
+def test_an_interleaved_recomputing_plan_is_drawn_offline(tmp_path: Path,
+                                                          offline_page: OfflinePage) -> None:
+    scenario, target = tmp_path / "scenario.json", tmp_path / "plan.json"
+    scenario.write_text(json.dumps(deep(4)))
+    target.write_text(json.dumps(interleaved_two_by_two(recompute=True)))
+    result = CliRunner().invoke(app, ["show", str(target), "--scenario", str(scenario)])
+    assert result.exit_code == 0, result.output
+    offline_page.page.goto(target.with_suffix(".html").as_uri())
+    assert timeline_rows(offline_page, "plan") == [2]
+    names = offline_page.page.evaluate(
+        "() => document.getElementById('plan-timeline-0').data.map(t => t.name)")
+    assert {"forward", "backward", "recompute", "transfer"} <= set(names)
     assert offline_page.blocked == [] and offline_page.console_errors == []

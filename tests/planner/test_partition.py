@@ -15,6 +15,7 @@ from planner.search.partition import (
     LinkCost,
     StageSpec,
     SuffixSweep,
+    extract_light_together,
     fixed_partition,
     sweep_together,
 )
@@ -101,8 +102,9 @@ def test_sweeps_side_by_side_equal_sweeps_one_by_one(times: list[float], memory_
                                                      tails: list[int], most: int,
                                                      other_links: bool) -> None:
     """`sweep_together` pushes front stages into several sweeps behind tails of different
-    lengths (in front of odd ones, with `other_links`, over another link: those steps
-    cannot be shared); each sweep must end exactly as if swept alone."""
+    lengths (in front of odd ones, with `other_links`, over another link: each sweep keeps
+    its own stage times in the shared step); each sweep must end exactly as if swept
+    alone."""
     doc = scenario_with(times, memory_gib)
     doc["job"]["global_batch_size"] = 16  # in flight: up to 16 micro-batches
     for row in doc["profiles"]:  # activations large enough that in-flight counts bind
@@ -170,3 +172,40 @@ def test_light_split_has_the_least_bottleneck_and_then_the_lightest_heaviest_sta
     assert found.bottleneck_s <= least * (1 + 1e-9)
     assert max(tables.params[e] - tables.params[s] for s, e in zip(bounds, bounds[1:], strict=False)) \
         == lightest
+
+
+@settings(max_examples=60, deadline=None)
+@given(times=st.lists(st.floats(min_value=0.1, max_value=9.0), min_size=3, max_size=9),
+       params=st.lists(st.integers(min_value=1, max_value=50), min_size=9, max_size=9),
+       memory_gib=st.sampled_from([2.6, 3.0, 4.0, 10.0]),
+       per_node=st.integers(min_value=1, max_value=4))
+def test_light_splits_of_sweeps_together_equal_each_sweep_alone(
+        times: list[float], params: list[int], memory_gib: float, per_node: int) -> None:
+    """Sweeps that price node crossings at different stages (one per depth modulo the
+    stages a node holds, as the per-type templates do): swept and light-extracted together,
+    every depth's split equals the one its own sweep gives alone."""
+    doc = scenario_with(times, memory_gib)
+    for i, kind in enumerate(doc["model"]["kinds"].values()):
+        kind["params"] = params[i] * 1_000_000
+    tables = compile_tables(parse_scenario(doc))
+    ctx = TemplateContext(tables, Schedule.ONE_F_ONE_B)
+    shape = StageShape(resource=tables.classes[0].key, tp=1)
+    inside = LinkCost(latency_s=1e-5, bytes_per_s=1e10)
+    across = LinkCost(latency_s=5e-4, bytes_per_s=2e8)
+    most = len(times)
+
+    def stage(residue: int, k: int) -> StageSpec:
+        return ctx.stage_spec(shape, 1, k, across if k % per_node == residue else inside)
+
+    residues = range(per_node)
+    together = [SuffixSweep(tables, blocking=True, num_pipelines=1) for _ in residues]
+    sweep_together(together, [functools.partial(stage, r) for r in residues], [most] * per_node)
+    depths = [list(range(1, len(sweep.specs) + 1)) for sweep in together]
+    found = extract_light_together(together, depths)
+    for r in residues:
+        alone = SuffixSweep(tables, blocking=True, num_pipelines=1)
+        for k in range(1, len(together[r].specs) + 1):
+            alone.push(stage(r, k))
+        for depth in depths[r]:
+            expected = alone.extract_light(depth)
+            assert found[r][depth] == expected

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -271,3 +272,54 @@ def test_per_type_plans_under_zero_stay_valid_for_their_own_pipeline_count() -> 
     result = plan(parse_scenario(deep_model_under_zero()), SearchOptions(time_limit_s=5))
     assert result.baselines["per_type"] is not None
     assert result.evaluation.valid
+
+
+def three_zones() -> dict[str, Any]:
+    """The two-zone WAN scenario with a third zone: A100s and an H100 node in 'central',
+    near 'east' and far from 'west'."""
+    doc = json.loads((DATA / "scenarios" / "h100x16east-a80x32west-gpt6.7b-wan.json").read_text())
+    doc["cluster"]["nodes"] += [
+        {"name": f"a80c-{i}", "gpu_type": "A100-80G", "gpus": 8, "zone": "central"}
+        for i in range(2)] + [
+        {"name": "h100c-0", "gpu_type": "H100-80G", "gpus": 8, "zone": "central"}]
+    doc["cluster"]["inter_zone"] = [
+        {"zones": ["east", "west"], "bandwidth_gb_per_s": 1.25, "latency_us": 20000.0},
+        {"zones": ["east", "central"], "bandwidth_gb_per_s": 3.0, "latency_us": 8000.0},
+        {"zones": ["west", "central"], "bandwidth_gb_per_s": 0.6, "latency_us": 30000.0}]
+    return doc
+
+
+def _parts(doc: dict[str, Any], field: str) -> Iterator[dict[str, Any]]:
+    """`doc` with the nodes of each proper subset of the values of `field` only."""
+    values = sorted({n[field] for n in doc["cluster"]["nodes"]})
+    for count in range(1, len(values)):
+        for kept in itertools.combinations(values, count):
+            part = json.loads(json.dumps(doc))
+            part["cluster"]["nodes"] = [n for n in doc["cluster"]["nodes"] if n[field] in kept]
+            if "inter_zone" in doc["cluster"]:
+                part["cluster"]["inter_zone"] = [
+                    z for z in doc["cluster"]["inter_zone"]
+                    if set(z["zones"]) <= {n.get("zone") for n in part["cluster"]["nodes"]}]
+            yield part
+
+
+@pytest.mark.parametrize(("doc", "field"), [
+    (three_zones(), "zone"),
+    (json.loads((DATA / "scenarios" / "l40sx16-a40x8-v32x16-t4x8-gpt2.7b.json").read_text()),
+     "gpu_type"),
+], ids=["zones", "gpu-types"])
+def test_the_whole_fleet_plans_at_least_as_fast_as_any_part_of_it(
+        doc: dict[str, Any], field: str) -> None:
+    """GPUs left idle when that is faster: a plan for the whole fleet is never slower than
+    the search's plan for the nodes of some zones or GPU types only (rings across a slow
+    inter-zone link, or a slow type's heavy stages, can cost more than those GPUs give)."""
+    options = SearchOptions(time_limit_s=10)
+    whole = plan(parse_scenario(doc), options).evaluation.samples_per_s
+    assert whole is not None
+    for part in _parts(doc, field):
+        if field == "gpu_type" and len({n["gpu_type"] for n in part["cluster"]["nodes"]}) < 3:
+            continue  # all but one type is what a slow type left idle looks like
+        alone = plan(parse_scenario(part), options).evaluation.samples_per_s
+        assert alone is not None
+        kept = sorted({n[field] for n in part["cluster"]["nodes"]})
+        assert whole >= alone * 0.999, kept

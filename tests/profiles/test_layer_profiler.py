@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 from typer.testing import CliRunner  # noqa: E402
 
 from api.cli import app  # noqa: E402
-from planner import parse_scenario  # noqa: E402
+from planner import evaluate, parse_plan, parse_scenario  # noqa: E402
 from profiles import layer_profiler  # noqa: E402
 from profiles.estimate import activation_bytes  # noqa: E402
 from profiles.layer_profiler import (  # noqa: E402
@@ -32,8 +32,10 @@ CORE = ("gpu_type", "kind", "micro_batch", "tp", "forward_ms", "backward_ms", "a
 
 @pytest.fixture(scope="module")
 def tiny_rows() -> list[dict[str, Any]]:
-    """tiny-gpt at micro-batches 1, 2 and TP 1, 2 (TP=2 in two gloo processes)."""
-    options = ProfileOptions(micro_batches=(1, 2), tp_sizes=(1, 2), warmup=1, repeats=3)
+    """tiny-gpt at micro-batches 1, 2 and TP 1, 2 (TP=2 in two gloo processes), the local head
+    of schedule `local` included."""
+    options = ProfileOptions(micro_batches=(1, 2), tp_sizes=(1, 2), warmup=1, repeats=3,
+                             kinds=("embedding", "block", "head", "local_head"))
     profile = profile_layers(PRESETS["tiny-gpt"], options)
     assert profile.skipped == []
     return profile.rows("cpu")
@@ -44,7 +46,8 @@ def by_point(rows: list[dict[str, Any]]) -> dict[tuple[str, int, int], dict[str,
 
 
 def test_rows_cover_every_point_with_positive_times(tiny_rows: list[dict[str, Any]]) -> None:
-    assert set(by_point(tiny_rows)) == {(k, b, t) for k in ("embedding", "block", "head")
+    assert set(by_point(tiny_rows)) == {(k, b, t)
+                                        for k in ("embedding", "block", "head", "local_head")
                                         for b in (1, 2) for t in (1, 2)}
     for row in tiny_rows:
         assert row["forward_ms"] > 0 and row["backward_ms"] > 0
@@ -59,13 +62,14 @@ def test_activation_bytes_grow_with_micro_batch_and_shrink_with_tp(
     tiny_rows: list[dict[str, Any]],
 ) -> None:
     rows = by_point(tiny_rows)
-    for kind in ("embedding", "block", "head"):
+    for kind in ("embedding", "block", "head", "local_head"):
         for tp in (1, 2):
             assert rows[kind, 2, tp]["activation_bytes"] > rows[kind, 1, tp]["activation_bytes"]
     for b in (1, 2):
         assert rows["block", b, 2]["activation_bytes"] < rows["block", b, 1]["activation_bytes"]
         # Replicated layers keep the same activations under TP.
-        assert rows["head", b, 2]["activation_bytes"] == rows["head", b, 1]["activation_bytes"]
+        for head in ("head", "local_head"):
+            assert rows[head, b, 2]["activation_bytes"] == rows[head, b, 1]["activation_bytes"]
 
 
 def test_measured_activations_equal_the_estimate_formula(tiny_rows: list[dict[str, Any]]) -> None:
@@ -84,6 +88,8 @@ def test_params_and_output_sizes_come_from_the_modules(tiny_rows: list[dict[str,
     assert kinds_from_rows(tiny_rows)["block"]["output_bytes_per_sample"] == \
         spec.seq_len * spec.hidden * 4
     assert kinds_from_rows(tiny_rows)["head"]["output_bytes_per_sample"] == 0
+    local = kinds_from_rows(tiny_rows)["local_head"]
+    assert local == {"params": layer_params(spec, "local_head"), "output_bytes_per_sample": 0}
 
 
 def test_rows_make_a_scenario_the_planner_accepts(tiny_rows: list[dict[str, Any]]) -> None:
@@ -97,10 +103,38 @@ def test_rows_make_a_scenario_the_planner_accepts(tiny_rows: list[dict[str, Any]
                   "layers": ["embedding", "block", "block", "head"],
                   "kinds": kinds_from_rows(tiny_rows)},
         "profiles": tiny_rows,
-        "job": {"global_batch_size": 8},
+        "job": {"global_batch_size": 8, "schedule": "local", "local_head_kind": "local_head"},
     }
     scenario = parse_scenario(document)
-    assert len(scenario.profiles) == 12
+    assert len(scenario.profiles) == 16
+
+
+def test_a_local_plan_is_estimated_from_the_measured_local_head_rows(
+    tiny_rows: list[dict[str, Any]],
+) -> None:
+    """The rows of the head kind a local job names are what its stages' backwards add."""
+    spec = PRESETS["tiny-gpt"]
+    document = {
+        "gpu_types": {"cpu": {"memory_gib": 4}},
+        "cluster": {"nodes": [{"name": "host", "gpu_type": "cpu", "gpus": 2}],
+                    "intra_node": {"cpu": {"bandwidth_gb_per_s": 2, "latency_us": 50}},
+                    "inter_node": {"bandwidth_gb_per_s": 1, "latency_us": 100}},
+        "model": {"name": spec.name, "seq_len": spec.seq_len,
+                  "layers": ["embedding", "block", "block", "head"],
+                  "kinds": kinds_from_rows(tiny_rows)},
+        "profiles": tiny_rows,
+        "job": {"global_batch_size": 4, "schedule": "local", "local_head_kind": "local_head"},
+    }
+    plan = {"format": "hetplan-plan/1", "schedule": "local", "pipelines": [
+        {"micro_batch_size": 2, "num_micro_batches": 2, "stages": [
+            {"gpu_type": "cpu", "tp": 1, "gpus": ["host:0"], "layers": [0, 2]},
+            {"gpu_type": "cpu", "tp": 1, "gpus": ["host:1"], "layers": [2, 4]}]}]}
+    evaluation = evaluate(parse_scenario(document), parse_plan(plan))
+    assert evaluation.valid, evaluation.errors
+    first = evaluation.pipelines[0].stages[0]
+    head = by_point(tiny_rows)["local_head", 2, 1]
+    assert (first.head_forward_ms, first.head_backward_ms) == (head["forward_ms"],
+                                                               head["backward_ms"])
 
 
 def test_saved_activation_bytes_leave_out_parameters() -> None:

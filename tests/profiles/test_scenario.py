@@ -46,6 +46,15 @@ def test_measured_rows_replace_estimates_at_their_points() -> None:
     assert sum(r.get("x_source") == "estimated" for r in document["profiles"]) > 0
 
 
+def test_a_local_job_declares_the_local_head_kind() -> None:
+    document = assemble_scenario(NODES, PRESETS["gpt-1.3b"],
+                                 job={"schedule": "local", "local_head_kind": "local_head"})
+    kinds = document["model"]["kinds"]
+    assert kinds["local_head"] == kinds["head"]  # built the same: same params, hands on a loss
+    assert "local_head" not in document["model"]["layers"]
+    assert "local_head" not in assemble_scenario(NODES, PRESETS["gpt-1.3b"])["model"]["kinds"]
+
+
 def test_cluster_mapping_with_links_and_overrides() -> None:
     cluster = {"nodes": NODES[:1], "inter_node": {"bandwidth_gb_per_s": 50, "latency_us": 3},
                "gpu_types": {"A100-80G": {"hourly_usd": 1.8}}}

@@ -86,6 +86,26 @@ def test_layer_index_must_match_kind() -> None:
         build_layer(PRESETS["tiny-gpt"], "head", layer_index=1)
 
 
+def test_a_local_head_is_a_head_with_weights_of_its_own() -> None:
+    spec = PRESETS["tiny-gpt"]
+    local = build_layer(spec, "local_head", layer_index=1)
+    head = build_layer(spec, "head", layer_index=3)
+    assert sum(p.numel() for p in local.parameters()) == layer_params(spec, "local_head") \
+        == layer_params(spec, "head")
+    # Seeded apart from every layer and from the heads of other blocks.
+    assert not torch.equal(local.weight, head.weight)
+    assert not torch.equal(local.weight, build_layer(spec, "local_head", layer_index=2).weight)
+    assert torch.equal(local.weight, build_layer(spec, "local_head", layer_index=1).weight)
+    hidden = torch.randn(2, spec.seq_len, spec.hidden)
+    labels = torch.randint(0, spec.vocab_size, (2, spec.seq_len))
+    assert local(hidden, labels).shape == ()
+
+
+def test_a_local_head_reads_a_layer_before_the_models_head() -> None:
+    with pytest.raises(ValueError, match="layers before its head are 0..2"):
+        build_layer(PRESETS["tiny-gpt"], "local_head", layer_index=3)
+
+
 def test_the_comparison_sees_a_different_model() -> None:
     # Guards the TP test below against comparing something with itself.
     spec = PRESETS["tiny-gpt"]
