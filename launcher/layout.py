@@ -1,15 +1,13 @@
 """Which layers each process of a launched plan holds, and which gradients it sums with whom.
 
 The rank map (`planner.export.ranks`) numbers the processes, forms the TP groups
-and splits the batch; it reads one layer range per stage. Under
-interleaved-1f1b a stage holds several chunks (model chunk `c = j * S + s` is
-chunk `j` of stage `s`), so here:
+and splits the batch. Under interleaved-1f1b a stage holds several chunks (model
+chunk `c = j * S + s` is chunk `j` of stage `s`); here:
 
-- `launch_rank_map` gives a chunked plan the ranks of a stand-in plan with one
-  range per stage (ranks, TP groups and batch shares depend on the GPUs and
-  micro-batches, never on the layers) and the sync groups of its real chunks;
-- `sync_groups` groups consecutive layers held by the same stages, as the rank
-  map does, but from each pipeline's model chunks;
+- `launch_rank_map` is the rank map, which reads chunks (`RankInfo.chunks`, sync
+  groups over every chunk);
+- `sync_groups` groups consecutive layers held by the same stages from each
+  pipeline's model chunks, as the rank map does (kept, and tested equal to it);
 - `launch_problems` lists what the workers could not run: a chunk layout that
   does not cover the model, chunks under another schedule, an interleaved
   pipeline whose micro-batches are not a multiple of its stages, or local
@@ -17,8 +15,6 @@ chunk `j` of stage `s`), so here:
 """
 
 from __future__ import annotations
-
-from dataclasses import replace
 
 from planner.documents import LayerRange, Pipeline, Plan, Schedule
 from planner.export.ranks import RankMap, StageRef, SyncGroup, build_rank_map
@@ -63,35 +59,10 @@ def sync_groups(plan: Plan, ranks: RankMap) -> tuple[SyncGroup, ...]:
 
 
 def launch_rank_map(plan: Plan) -> RankMap:
-    """The rank map of `plan`; for a plan with chunks, see the module docstring (each rank's
-    `layers` is then its stage's first chunk: read the plan's `stage.ranges` for all)."""
-    if all(s.num_chunks == 1 for p in plan.pipelines for s in p.stages):
-        return build_rank_map(plan)
-    stand_in = build_rank_map(plan.model_copy(update={"pipelines": [
-        _one_range_per_stage(p, _num_layers(p)) for p in plan.pipelines]}))
-    first_chunks = {(p, s): stage.ranges[0] for p, pipeline in enumerate(plan.pipelines)
-                    for s, stage in enumerate(pipeline.stages)}
-    return replace(
-        stand_in,
-        ranks=tuple(replace(r, layers=first_chunks[r.pipeline, r.stage]) for r in stand_in.ranks),
-        # Neighbouring chunks talk between first GPUs as the stage links say, plus from the
-        # last stage back to the first; the workers find them from the chunk layout.
-        stage_links=(),
-        sync_groups=sync_groups(plan, stand_in))
-
-
-def _num_layers(pipeline: Pipeline) -> int:
-    return max(end for stage in pipeline.stages for _, end in stage.ranges)
-
-
-def _one_range_per_stage(pipeline: Pipeline, num_layers: int) -> Pipeline:
-    """Stage s takes [s, s + 1), the last stage the rest: valid whenever the real chunks are,
-    since they give every stage at least one layer."""
-    num_stages = len(pipeline.stages)
-    stages = [stage.model_copy(update={
-        "single_range": (s, s + 1 if s < num_stages - 1 else num_layers), "chunks": None})
-        for s, stage in enumerate(pipeline.stages)]
-    return pipeline.model_copy(update={"stages": stages})
+    """The rank map of `plan`: `build_rank_map` now reads chunks itself (each rank's `chunks`,
+    the sync groups of every chunk, the link from the last stage back to the first). Call it
+    once `launch_problems` finds nothing: a broken chunk layout is `InvalidPlan` there."""
+    return build_rank_map(plan)
 
 
 def launch_problems(plan: Plan, schedule: Schedule, num_layers: int) -> list[str]:
