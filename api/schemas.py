@@ -487,11 +487,11 @@ class ExportQuery(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     format: ExportFormat
-    master_addr: str | None = Field(None, description="torchrun: rendezvous host.")
-    master_port: int | None = Field(None, ge=1, le=65535,
-                                    description="torchrun, kubernetes, slurm: rendezvous port.")
+    master_addr: str | None = Field(None, description="torchrun, deepspeed: rendezvous host.")
+    master_port: int | None = Field(
+        None, ge=1, le=65535, description="torchrun, deepspeed, kubernetes, slurm: rendezvous port.")
     training_module: str | None = Field(
-        None, description="torchrun, kubernetes, slurm: the module torchrun starts.")
+        None, description="torchrun, deepspeed, kubernetes, slurm: the module the launcher starts.")
     plan_path: str | None = Field(None, description="Path of the plan on the nodes.")
     script_arg: list[str] | None = Field(
         None, description="An argument for the training module; repeat, in order.")

@@ -84,18 +84,20 @@ def export_command(
              "its job.zero_stage goes into the DeepSpeed config.",
         exists=True, dir_okay=False)] = None,
     master_addr: Annotated[str | None, typer.Option(
-        help="torchrun: rendezvous host (default: the first node's name).")] = None,
+        help="torchrun, deepspeed: rendezvous host (default: the first node's name).")] = None,
     master_port: Annotated[int | None, typer.Option(
-        help=f"torchrun, kubernetes, slurm: rendezvous port (default {DEFAULT_MASTER_PORT}).")
+        help=f"torchrun, deepspeed, kubernetes, slurm: rendezvous port (default "
+             f"{DEFAULT_MASTER_PORT}).")
     ] = None,
     training_module: Annotated[str | None, typer.Option(
-        help="torchrun, kubernetes, slurm: the module torchrun starts (default "
-             "launcher.train).")] = None,
+        help="torchrun, deepspeed, kubernetes, slurm: the module the launcher starts "
+             "(default launcher.train).")] = None,
     plan_path: Annotated[str | None, typer.Option(
-        help="torchrun, kubernetes, slurm: path of the plan on the nodes, passed to the "
-             "training module.")] = None,
+        help="torchrun, deepspeed, kubernetes, slurm: path of the plan on the nodes, passed "
+             "to the training module.")] = None,
     script_arg: Annotated[list[str] | None, typer.Option(
-        help="torchrun, kubernetes, slurm: an argument for the training module (repeat; "
+        help="torchrun, deepspeed, kubernetes, slurm: an argument for the training module "
+             "(repeat; "
              "write --script-arg=--steps for one that starts with '-').")] = None,
     zero_stage: Annotated[int | None, typer.Option(help="deepspeed: ZeRO stage.")] = None,
     name: Annotated[str | None, typer.Option(

@@ -16,7 +16,7 @@ every hetplan scenario.
 from __future__ import annotations
 
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from planner.documents import LayerRange, Plan, Schedule
@@ -263,18 +263,20 @@ def _grid_placement(plan: Plan, ranks: RankMap, order: str
     return nodes, reasons
 
 
-def _placement_in_some_order(plan: Plan, ranks: RankMap
-                             ) -> tuple[str, list[dict[str, Any]], list[str]]:
-    """The first rank order in which every node holds a contiguous block, else the reasons
-    for the default order."""
-    default_nodes, default_reasons = _grid_placement(plan, ranks, TP_DP_PP)
-    if not default_reasons:
-        return TP_DP_PP, default_nodes, []
-    nodes, reasons = _grid_placement(plan, ranks, TP_PP_DP)
-    if not reasons:
-        return TP_PP_DP, nodes, []
-    return TP_DP_PP, default_nodes, [
-        *default_reasons,
+def _placement_in_some_order(
+    plan: Plan, ranks: RankMap,
+    prefer: Callable[[list[dict[str, Any]]], bool] | None = None,
+) -> tuple[str, list[dict[str, Any]], list[str]]:
+    """The first rank order in which every node holds a contiguous block (of those, the
+    first whose nodes `prefer` takes), else the reasons for the default order."""
+    placed = {order: _grid_placement(plan, ranks, order) for order in (TP_DP_PP, TP_PP_DP)}
+    fitting = [order for order, (_, reasons) in placed.items() if not reasons]
+    if fitting:
+        chosen = next((o for o in fitting if prefer is None or prefer(placed[o][0])),
+                      fitting[0])
+        return chosen, placed[chosen][0], []
+    return TP_DP_PP, placed[TP_DP_PP][0], [
+        *placed[TP_DP_PP][1],
         f"placement: the {TP_PP_DP} order does not give contiguous node blocks either",
     ]
 
@@ -425,12 +427,55 @@ def _deepspeed_recompute_note(interval: int) -> str:
             "input (token ids) needs no gradient, fails in its backward.")
 
 
+def _deepspeed_launch_problems(nodes: list[dict[str, Any]]) -> list[str]:
+    problems = []
+    for n in nodes:
+        order = [int(i) for i in n["CUDA_VISIBLE_DEVICES"].split(",")]
+        if order != sorted(order):
+            problems.append(f"{n['node']} takes its ranks on GPUs {order}, not in ascending "
+                            "order (DeepSpeed's launcher sorts a node's GPUs)")
+        if n["first_rank"] % n["nproc_per_node"]:
+            problems.append(f"{n['node']} starts at rank {n['first_rank']} with "
+                            f"{n['nproc_per_node']} processes (DeepSpeed's launcher sets "
+                            "LOCAL_RANK to RANK modulo the node's process count)")
+    return problems
+
+
+def _deepspeed_launch(nodes: list[dict[str, Any]], *, master_addr: str, master_port: int,
+                      training_module: str, plan_path: str, script_args: Sequence[str]
+                      ) -> tuple[dict[str, Any] | None, list[str]]:
+    """DeepSpeed's own launcher (`deepspeed --hostfile`): a hostfile listing the nodes in
+    rank order and `--include` naming each node's GPUs. That launcher numbers ranks node by
+    node in hostfile order, a node's GPUs in ascending index order (it sorts the list), and
+    sets LOCAL_RANK to RANK modulo the node's process count: it runs the plan's ranks only
+    where each node's GPUs take its ranks in ascending order and its first rank is a
+    multiple of its process count. None elsewhere, with the reasons."""
+    problems = _deepspeed_launch_problems(nodes)
+    if problems:
+        return None, ["No `deepspeed --hostfile` command: " + "; ".join(problems)
+                      + ". Start each node with torchrun instead (ranks and devices in nodes)."]
+    slots = [max(int(i) for i in n["CUDA_VISIBLE_DEVICES"].split(",")) + 1 for n in nodes]
+    hostfile = [f"{n['node']} slots={k}" for n, k in zip(nodes, slots, strict=True)]
+    include = "@".join(f"{n['node']}:{n['CUDA_VISIBLE_DEVICES']}" for n in nodes)
+    argv = ["deepspeed", "--hostfile=hostfile", f"--include={include}",
+            f"--master_addr={master_addr}", f"--master_port={master_port}",
+            # LOCAL_RANK comes in the environment; no --local_rank argument for the module.
+            "--no_local_rank", "--module", training_module, "--plan", plan_path, *script_args]
+    return {"hostfile": hostfile, "argv": argv, "command": shlex.join(argv)}, [
+        "Launch: write `hostfile` (one line per node, in rank order) and run `command` on the "
+        "first node; DeepSpeed reaches the others over ssh (pdsh) and numbers ranks as "
+        "`nodes` lists them (the topology's rank order)."]
+
+
 def export_deepspeed(
     plan: Plan, *, layer_kinds: Sequence[str] | None = None, zero_stage: int = 0,
-    job_schedule: str | None = None,
+    job_schedule: str | None = None, master_addr: str | None = None,
+    master_port: int = DEFAULT_MASTER_PORT, training_module: str = "launcher.train",
+    plan_path: str = "plan.json", script_args: Sequence[str] = (),
 ) -> dict[str, Any]:
     """DeepSpeed PipelineModule settings and a ds_config for a plan whose pipelines are
-    identical replicas; an uneven split is given as stage bounds."""
+    identical replicas (an uneven split is given as stage bounds), and the command of
+    DeepSpeed's own launcher where it numbers ranks and devices as the plan does."""
     ranks = build_rank_map(plan)
     kinds = _kinds(ranks.num_layers, layer_kinds)
     reasons = (_uniform_reasons(plan, "DeepSpeed", _schedule(plan, job_schedule))
@@ -440,7 +485,8 @@ def export_deepspeed(
     recompute, recompute_reasons = _recompute_all(plan, "DeepSpeed")
     reasons += recompute_reasons
     if not reasons:
-        order, nodes, placement_reasons = _placement_in_some_order(plan, ranks)
+        order, nodes, placement_reasons = _placement_in_some_order(
+            plan, ranks, prefer=lambda placed: not _deepspeed_launch_problems(placed))
         reasons += placement_reasons
     if reasons:
         raise UnsupportedExport("deepspeed", reasons)
@@ -465,6 +511,9 @@ def export_deepspeed(
         # token ids, needs no gradient, so neither does the checkpointed output (DeepSpeed
         # 0.19.8: "element 0 of tensors does not require grad").
         ds_config["pipeline"] = {"use_reentrant": False}
+    launch, launch_notes = _deepspeed_launch(
+        nodes, master_addr=master_addr or nodes[0]["node"], master_port=master_port,
+        training_module=training_module, plan_path=plan_path, script_args=script_args)
     return {
         "format": "deepspeed",
         "pipeline_module": {
@@ -486,9 +535,11 @@ def export_deepspeed(
         "rank_order": order,
         "ds_config": ds_config,
         "nodes": nodes,
+        "launch": launch,
         "notes": [
             "Merge ds_config into your own: it holds what the plan decides. Other settings "
             "keep DeepSpeed's defaults, among them gradient_clipping (1.0 in DeepSpeed 0.19).",
+            *launch_notes,
             *([] if even else [
                 "Uneven split: build the model with launcher.deepspeed_pipe.BoundedPipelineModule"
                 "(layers, stage_bounds=pipeline_module.stage_bounds, topology=...), a "
