@@ -130,9 +130,11 @@ class ScheduleChoice:
 
 def _launcher_name(name: str | None) -> str | None:
     """`--launcher` checked against the export formats, or a clear exit naming them."""
-    from planner.export import FORMATS
+    if name is None:
+        return None
+    from planner.export import FORMATS  # only when a launcher is named: it costs an import
 
-    if name is not None and name not in FORMATS:
+    if name not in FORMATS:
         raise typer.BadParameter(f"unknown launcher {name!r}; choose among {sorted(FORMATS)}",
                                  param_hint="--launcher")
     return name

@@ -15,7 +15,6 @@ from collections.abc import Iterator, Sequence
 from planner.documents import Plan, Scenario
 from planner.errors import Infeasible
 from planner.estimate import Evaluation, evaluate
-from planner.export import FORMATS, expressible, format_options, scenario_options
 from planner.search.drafts import ROUGH_SLACK, Candidate, Draft, best_realized, identical_draft
 from planner.search.tables import ScenarioTables
 from planner.search.templates import PipelineTemplate
@@ -29,6 +28,10 @@ LAUNCHER_GRID_DRAFTS = 64
 
 
 def check_launcher(launcher: str) -> None:
+    # The exports load only for searches that name a launcher (a one-shot `hetplan plan`
+    # pays every import).
+    from planner.export import FORMATS
+
     if launcher not in FORMATS:
         raise ValueError(f"unknown launcher {launcher!r}; use one of {sorted(FORMATS)}")
 
@@ -66,6 +69,8 @@ def _grid_drafts(tables: ScenarioTables, templates: Sequence[PipelineTemplate], 
 def runnable_by(scenario: Scenario, launcher: str, plan: Plan) -> bool:
     """Whether the launcher format can run `plan` (interleaving or local learning, say,
     are beyond some)."""
+    from planner.export import expressible, format_options, scenario_options
+
     known = format_options(launcher)
     options = {k: v for k, v in scenario_options(scenario).items() if k in known}
     return expressible(plan, launcher, **options) is None
@@ -76,6 +81,8 @@ def best_for_launcher(
 ) -> tuple[Candidate, Evaluation]:
     """The candidate of least simulated time that the launcher can run. Infeasible, with
     the best candidate's reasons, when it can run none."""
+    from planner.export import expressible, format_options, scenario_options
+
     known = format_options(launcher)
     options = {k: v for k, v in scenario_options(scenario).items() if k in known}
     runnable: list[Candidate] = []
