@@ -328,20 +328,25 @@ class Worker:
 
         progress = _Progress(self.store, job.id, self.name, running, poll_s=1.0)
         try:
-            outcome = run_request(job.kind, claimed.request, solver=self.solver,
-                                  store=self.store, progress=progress, check=progress.check,
-                                  observe=self.metrics.observe_solve)
+            try:
+                outcome = run_request(job.kind, claimed.request, solver=self.solver,
+                                      store=self.store, progress=progress,
+                                      check=progress.check, observe=self.metrics.observe_solve)
+            except JobStopped as stopped:
+                if stopped.reason == "cancelled":
+                    status(status=JobStatus.CANCELLED, cancel_requested=True,
+                           message="cancelled")
+                return  # lost: another worker owns it now; shutdown: `stop` queues it again
+            except Exception as error:
+                if not isinstance(error, planner.PlannerError):
+                    log.exception("job %s failed", job.id)
+                status(status=JobStatus.FAILED, error=error_body(error),
+                       message=error_body(error)["message"][:500])
+                return
+            # a write still failing after the retries leaves the lease to lapse: another
+            # worker then runs the job again
             status(status=JobStatus.SUCCEEDED, progress=1.0, plan_id=outcome.plan_id,
                    result=outcome.result, message="done")
-        except JobStopped as stopped:
-            if stopped.reason == "cancelled":
-                status(status=JobStatus.CANCELLED, cancel_requested=True, message="cancelled")
-            # lost: another worker owns it now; shutdown: `stop` queues it again
-        except Exception as error:
-            if not isinstance(error, planner.PlannerError):
-                log.exception("job %s failed", job.id)
-            status(status=JobStatus.FAILED, error=error_body(error),
-                   message=error_body(error)["message"][:500])
         finally:
             self._forget(job.id)
             self._slots.release()

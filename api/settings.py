@@ -54,8 +54,7 @@ class Settings(BaseSettings):
     sync_solve_threshold_s: float = Field(default=5.0, ge=0)
     """Plan requests whose time limit is at most this are solved inline (201); longer ones
     become jobs (202) to poll."""
-    solver_workers: int = Field(default_factory=lambda: min(os.cpu_count() or 1, 64),
-                                ge=1, le=64)
+    solver_workers: int = Field(default_factory=lambda: min(_usable_cores(), 64), ge=1, le=64)
     """Jobs a worker process runs at once (each search in its own search process); the
     default is one per core of the machine."""
     embedded_worker: bool = True
@@ -92,6 +91,13 @@ class Settings(BaseSettings):
     is safe); least recently read plans are dropped first, 0 turns the cache off."""
     migrate_on_startup: bool = True
     """Run Alembic's upgrade to the newest schema when the app starts."""
+
+
+def _usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity, else the machine's)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
 
 
 class ExposureRefused(Exception):

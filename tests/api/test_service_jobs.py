@@ -25,6 +25,7 @@ from api.storage import JobKind, Store, make_engine, migrate
 from planner.search import PlanResult
 from tests.api.conftest import MakeClient, fixed_solver
 from tests.api.test_service_plans import blocking_solver, running_job, wait_job
+from tests.planner.fleet_scenarios import priced
 
 FAST = {"job_lease_s": 0.6, "job_poll_s": 0.05}
 """Short leases and polls, so that a lapsed lease is taken over within a second."""
@@ -163,6 +164,21 @@ def test_cancel_reaches_a_job_running_in_another_process(
         assert started.wait(10)
         assert api.post(f"/v1/jobs/{job['id']}/cancel").status_code == 202
         assert wait_job(api, job["id"])["status"] == "cancelled"
+    finally:
+        release.set()
+
+
+def test_cancel_stops_a_sweep_job_inside_a_fleets_search(make_client: MakeClient) -> None:
+    started, release = threading.Event(), threading.Event()
+    client = make_client(solver=blocking_solver(started, release))
+    try:
+        job = client.post("/v1/plans/pareto?job=true", json={
+            "scenario": priced(), "options": {"time_limit_s": 1}}).json()
+        assert started.wait(10)  # the first fleet's search runs
+        client.post(f"/v1/jobs/{job['id']}/cancel")
+        final = wait_job(client, job["id"])
+        assert (final["status"], final["result"]) == ("cancelled", None)
+        assert client.get("/v1/plans").json()["count"] == 0
     finally:
         release.set()
 
