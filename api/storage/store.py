@@ -633,12 +633,13 @@ class Store:
             now = _now()
             lapsed = sa.and_(jobs.c.status == JobStatus.RUNNING.value,
                              jobs.c.lease_expires_at < now)
-            candidates = connection.execute(
-                sa.select(jobs.c.id, jobs.c.status, jobs.c.attempts, jobs.c.cancel_requested)
-                .where(sa.or_(jobs.c.status == JobStatus.QUEUED.value, lapsed))
-                .order_by(jobs.c.created_at, jobs.c.id).limit(16)
-                .with_for_update(skip_locked=True)).all()
-            for row in candidates:
+            oldest = (sa.select(jobs.c.id, jobs.c.status, jobs.c.attempts,
+                                jobs.c.cancel_requested)
+                      .where(sa.or_(jobs.c.status == JobStatus.QUEUED.value, lapsed))
+                      .order_by(jobs.c.created_at, jobs.c.id).limit(1)
+                      .with_for_update(skip_locked=True))
+            # one row locked at a time, so that concurrent claimers skip only that one
+            while (row := connection.execute(oldest).first()) is not None:
                 ending = self._end_of_lapsed(row, max_attempts, exhausted_error)
                 update = sa.update(jobs).where(jobs.c.id == row.id,
                                                jobs.c.status.not_in(final))
