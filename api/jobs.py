@@ -211,6 +211,7 @@ class Worker:
         self._threads: list[threading.Thread] = []
         self._pool: ThreadPoolExecutor | None = None
         self._futures: set[Future[None]] = set()
+        self._claim_failing = False
 
     # -- life cycle ----------------------------------------------------------------------
 
@@ -278,8 +279,10 @@ class Worker:
                                            max_attempts=self.max_attempts,
                                            exhausted_error=exhausted_error)
         except Exception:  # a database hiccup must not end the claiming thread
-            log.warning("could not claim a job", exc_info=True)
+            log.warning("could not claim a job", exc_info=not self._claim_failing)
+            self._claim_failing = True  # the first failure in a row with its traceback
             return None
+        self._claim_failing = False
         if claimed is None:
             return None
         running = _Running()

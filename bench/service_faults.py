@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import http.client
 import json
 import os
 import platform
@@ -132,6 +133,8 @@ def call(port: int, method: str, path: str, body: Any = None, *, key: str | None
             return response.status, json.loads(response.read() or b"null")
     except urllib.error.HTTPError as error:
         return error.code, json.loads(error.read() or b"null")
+    except http.client.HTTPException as error:  # the server died mid-answer: no answer
+        raise ConnectionError(f"{method} {path}: {error!r}") from error
 
 
 def register(port: int) -> None:

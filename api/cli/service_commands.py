@@ -101,10 +101,12 @@ def worker(
         reason = " ".join(str(error).split())[:300]
         raise fail(f"cannot use the database {settings.database_url!r} (HETPLAN_DATABASE_URL): "
                    f"{reason}") from None
-    solver = ProcessSolver(max_memory_bytes=settings.max_search_memory_bytes)
+    concurrency = concurrency or settings.solver_workers
+    solver = ProcessSolver(max_memory_bytes=settings.max_search_memory_bytes,
+                           max_idle=concurrency)  # a warm search process per slot
     start_search_server()
     jobs = Worker(store=Store(engine), solver=solver, metrics=Metrics(),
-                  concurrency=concurrency or settings.solver_workers,
+                  concurrency=concurrency,
                   lease_s=settings.job_lease_s, poll_s=settings.job_poll_s,
                   max_attempts=settings.max_job_attempts)
     stopped = threading.Event()
