@@ -1,16 +1,19 @@
 """Fault suite for durable jobs: kill -9 the server and the worker at random moments.
 
-Runs this checkout's `hetplan serve` (an API replica, `HETPLAN_EMBEDDED_WORKER=false`) and
-`hetplan worker` processes on 127.0.0.1, on a fresh SQLite file or PostgreSQL schema with
-the catalogue of `tests/api/data/scenario.json`, then for each database:
+Runs this checkout's `hetplan serve` and `hetplan worker` processes on 127.0.0.1, on a
+fresh SQLite file or PostgreSQL schema with the catalogue of
+`tests/api/data/scenario.json`, then for each database:
 
-- `--trials` server trials: two clients upload profile batches (each with its own
-  Idempotency-Key) and queue plan jobs without pause; at a random moment the server's
-  process group gets SIGKILL, and a new server is started at once. Every upload answered
-  201 before the kill must be stored, with its rows; every job answered 202 must end
-  `succeeded` (or `failed` with an error). Recovery: kill to `/readyz` answering again.
-- `--trials` worker trials: two plan jobs are queued, and at a random moment while they
-  run the worker's process group (worker, search processes) gets SIGKILL; a new worker
+- `--trials` server trials, on `hetplan serve` with its embedded worker (the one-command
+  set-up): two clients upload profile batches (each with its own Idempotency-Key) and
+  queue plan jobs without pause; at a random moment the server's process group (server,
+  its worker's search processes) gets SIGKILL, and a new server is started at once.
+  Every upload answered 201 before the kill must be stored as answered; every job
+  answered 202 must end `succeeded` (or `failed` with an error). Recovery: kill to the
+  last of the trial's jobs ending (`ready_s`: the new server's start to `/readyz`).
+- `--trials` worker trials, on an API replica (`HETPLAN_EMBEDDED_WORKER=false`) and one
+  `hetplan worker`: two plan jobs are queued, and at a random moment in the first half
+  second after one starts the worker's process group (worker, search processes) gets SIGKILL; a new worker
   is started at once. Both jobs must end `succeeded` (or `failed` with an error).
   Recovery: kill to the last of the trial's jobs ending (the lease must lapse first).
 
@@ -83,13 +86,15 @@ class Service:
     database_url: str
     folder: Path
     lease_s: float
+    embedded_worker: bool = False
     port: int = field(default_factory=free_port)
     server: Process | None = None
     workers: list[Process] = field(default_factory=list)
 
     def env(self, **extra: str) -> dict[str, str]:
         env = {**os.environ, "HETPLAN_DATABASE_URL": self.database_url,
-               "HETPLAN_EMBEDDED_WORKER": "false", "HETPLAN_JOB_LEASE_S": str(self.lease_s),
+               "HETPLAN_EMBEDDED_WORKER": str(self.embedded_worker).lower(),
+               "HETPLAN_SOLVER_WORKERS": "2", "HETPLAN_JOB_LEASE_S": str(self.lease_s),
                "HETPLAN_JOB_POLL_S": "0.2", "HETPLAN_MAX_PENDING_JOBS": "1000", **extra}
         env.pop("HETPLAN_TOKENS", None)
         return env
@@ -221,21 +226,23 @@ def server_trial(service: Service, rng: random.Random, time_limit_s: float) -> d
         client.start()
     time.sleep(rng.uniform(0.3, 2.0))
     assert service.server is not None
+    running = sum(call(service.port, "GET", f"/v1/jobs/{j}")[1]["status"] == "running"
+                  for j in list(jobs))
     killed = time.perf_counter()
     service.server.kill()
     stop.set()
     for client in clients:
         client.join()
-    service.start_server()
-    recovery_s = time.perf_counter() - killed
+    ready_s = service.start_server()
     missing = 0
     fields = ("id", "model", "gpu_type", "version", "count", "uploaded")
     for acked in uploads:  # stored as acknowledged: same version, same rows
         status, body = call(service.port, "GET", f"/v1/profiles/sets/{acked['id']}?limit=1")
         missing += status != 200 or any(body[f] != acked[f] for f in fields)
     final = wait_final(service.port, jobs, timeout_s=60 + 4 * len(jobs) * time_limit_s)
-    return {"kind": "server", "recovery_s": recovery_s, "uploads_acked": len(uploads),
-            "uploads_lost": missing, "jobs_acked": len(jobs),
+    return {"kind": "server", "recovery_s": time.perf_counter() - killed,
+            "ready_s": ready_s, "uploads_acked": len(uploads),
+            "uploads_lost": missing, "jobs_acked": len(jobs), "running_at_kill": running,
             "jobs_ended_well": sum(ended_well(j) for j in final.values()),
             "jobs_unfinished": len(jobs) - len(final),
             "max_attempts": max((j["attempts"] for j in final.values()), default=0)}
@@ -251,7 +258,9 @@ def worker_trial(service: Service, rng: random.Random, time_limit_s: float,
         if "running" in states:
             break
         time.sleep(0.05)
-    time.sleep(rng.uniform(0.0, 0.8 * time_limit_s))  # a random moment of the search
+    # a random moment early in the search: this scenario's search often ends well before
+    # its time limit, and a kill after it tests nothing
+    time.sleep(rng.uniform(0.0, 0.5))
     running = [j for j in jobs
                if call(service.port, "GET", f"/v1/jobs/{j}")[1]["status"] == "running"]
     killed = time.perf_counter()
@@ -268,17 +277,20 @@ def worker_trial(service: Service, rng: random.Random, time_limit_s: float,
 
 def faults(kind: str, args: argparse.Namespace, folder: Path) -> list[dict[str, Any]]:
     url, drop = fresh_database(kind, folder)
-    service = Service(url, folder, lease_s=args.lease_s)
+    service = Service(url, folder, lease_s=args.lease_s, embedded_worker=True)
     rng = random.Random(args.seed)
-    try:
+    try:  # first `hetplan serve` alone, its embedded worker running the jobs
         service.start_server()
         register(service.port)
-        service.start_worker(2)
         trials = []
         for n in range(args.trials):
             trials.append({"db": kind, "trial": n + 1,
                            **server_trial(service, rng, args.time_limit_s)})
             print(json.dumps(trials[-1]), flush=True)
+        service.stop()  # then an API replica and a `hetplan worker`
+        service.embedded_worker = False
+        service.start_server()
+        service.start_worker(2)
         for n in range(args.trials):
             trials.append({"db": kind, "trial": n + 1,
                            **worker_trial(service, rng, args.worker_time_limit_s, 2)})
@@ -317,21 +329,26 @@ def throughput(kind: str, args: argparse.Namespace, folder: Path) -> list[dict[s
     return results
 
 
+def ready_p50(rows: list[dict[str, Any]]) -> str:
+    ready = [t["ready_s"] for t in rows if "ready_s" in t]
+    return f"{statistics.median(ready):.1f}" if ready else "-"
+
+
 def markdown(trials: list[dict[str, Any]], rates: list[dict[str, Any]], command: str) -> str:
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [f"`{command}` ({when}, {platform.machine()}, {os.cpu_count()} vCPUs, load "
              f"average {os.getloadavg()[0]:.1f} at the end)", "",
              "| database | killed | trials | uploads acked | uploads lost | jobs acked | "
              "jobs ended well | jobs unfinished | jobs running at kill | max attempts | "
-             "recovery p50 s | recovery max s |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "recovery p50 s | recovery max s | server ready p50 s |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for db in dict.fromkeys(t["db"] for t in trials):
         for kind in ("server", "worker"):
             rows = [t for t in trials if t["db"] == db and t["kind"] == kind]
             if not rows:
                 continue
-            # a worker killed with nothing running has nothing to recover
-            recovery = [t["recovery_s"] for t in rows if t.get("running_at_kill", 1)] or [0.0]
+            # a kill with no job running has no job to recover
+            recovery = [t["recovery_s"] for t in rows if t["running_at_kill"]] or [0.0]
             lines.append(
                 f"| {db} | {kind} | {len(rows)} | "
                 f"{sum(t.get('uploads_acked', 0) for t in rows)} | "
@@ -339,9 +356,10 @@ def markdown(trials: list[dict[str, Any]], rates: list[dict[str, Any]], command:
                 f"{sum(t['jobs_acked'] for t in rows)} | "
                 f"{sum(t['jobs_ended_well'] for t in rows)} | "
                 f"{sum(t['jobs_unfinished'] for t in rows)} | "
-                f"{sum(t.get('running_at_kill', 0) for t in rows) if kind == 'worker' else '-'} | "
+                f"{sum(t['running_at_kill'] for t in rows)} | "
                 f"{max(t['max_attempts'] for t in rows)} | "
-                f"{statistics.median(recovery):.1f} | {max(recovery):.1f} |")
+                f"{statistics.median(recovery):.1f} | {max(recovery):.1f} | "
+                f"{ready_p50(rows)} |")
     if rates:
         lines += ["", "| database | worker processes | jobs | succeeded | seconds | jobs/min "
                   "| load1 before |", "| --- | --- | --- | --- | --- | --- | --- |"]
