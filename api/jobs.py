@@ -43,7 +43,7 @@ from api.metrics import Metrics
 from api.services.planning import Solver
 from api.storage import ClaimedJob, JobKind, JobRecord, JobStatus, Store
 
-__all__ = ["JobCancelled", "JobStopped", "JobQueue", "Worker", "exhausted_error"]
+__all__ = ["JobStopped", "JobQueue", "Worker", "exhausted_error", "worker_name"]
 
 log = logging.getLogger("hetplan.jobs")
 
@@ -83,8 +83,6 @@ class JobStopped(Exception):
         super().__init__(f"job {job_id}: {reason}")
         self.reason = reason
 
-
-JobCancelled = JobStopped  # the name of earlier versions
 
 
 class JobQueue:

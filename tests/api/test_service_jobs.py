@@ -241,3 +241,27 @@ def test_worker_killed_mid_job_is_taken_over_and_the_job_succeeds(
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+@pytest.mark.slow
+def test_worker_stopped_with_sigterm_queues_its_job_again(
+        make_client: MakeClient, database_url: str, scenario: dict[str, Any],
+        tmp_path: Path) -> None:
+    api = make_client(embedded_worker=False)
+    log = tmp_path / "worker.log"
+    process = _start_worker(database_url, lease_s=30.0, log=log)
+    try:
+        job_id = api.post("/v1/plans?job=true", json={
+            "scenario": scenario, "options": {"time_limit_s": 20}}).json()["id"]
+        deadline = time.monotonic() + 30
+        while api.get(f"/v1/jobs/{job_id}").json()["status"] != "running":
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(20) == 0, log.read_text()
+        job = api.get(f"/v1/jobs/{job_id}").json()
+        assert (job["status"], job["attempts"], job["progress"]) == ("queued", 0, 0.0)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
