@@ -183,6 +183,25 @@ def test_cancel_stops_a_sweep_job_inside_a_fleets_search(make_client: MakeClient
         release.set()
 
 
+def test_worker_whose_job_was_taken_over_stops_its_search_and_writes_nothing(
+        make_client: MakeClient, scenario: dict[str, Any]) -> None:
+    import sqlalchemy as sa
+
+    from api.storage import tables
+
+    with running_job(make_client, scenario) as (client, job):
+        store, worker = client.app.state.store, client.app.state.worker  # type: ignore[attr-defined]
+        with store.engine.begin() as connection:  # as if its lease lapsed and another took it
+            connection.execute(sa.update(tables.jobs).where(tables.jobs.c.id == job["id"])
+                               .values(owner="another-worker"))
+        deadline = time.monotonic() + 10
+        while worker.running:
+            assert time.monotonic() < deadline, "the search went on after the takeover"
+            time.sleep(0.05)
+        taken = store.get_job(job["id"])
+        assert (taken.status.value, taken.owner) == ("running", "another-worker")
+
+
 def test_a_worker_shutting_down_queues_its_job_for_the_next_one(
         make_client: MakeClient, scenario: dict[str, Any],
         plan_document: dict[str, Any]) -> None:
