@@ -19,7 +19,8 @@ fresh SQLite file or PostgreSQL schema with the catalogue of
   lapse first).
 
 With `--throughput`, it also times `--jobs` plan jobs run by 1 and then 2 worker
-processes (one search each at a time).
+processes (one search each at a time), and with `--sweep-fleets N` as many frontier
+jobs of N searches each (`--sweep-jobs`), whose time is mostly search.
 
     .venv/bin/python bench/service_faults.py --db sqlite --db postgresql --trials 20 \
         --throughput --markdown bench/RESULTS-faults.md
@@ -164,11 +165,14 @@ def profile_batch(gpu_type: str, scale: float) -> dict[str, Any]:
     return {"model": MODEL, "gpu_type": gpu_type, "rows": rows}
 
 
-def queue_job(port: int, time_limit_s: float) -> str | None:
-    """A plan job's id when the server acknowledged it (202), else None."""
+def queue_job(port: int, time_limit_s: float, max_fleets: int = 0) -> str | None:
+    """A plan job's id (a frontier job's with `max_fleets`) when the server acknowledged
+    it (202), else None."""
+    path, options = "/v1/plans?job=true", {"time_limit_s": time_limit_s}
+    if max_fleets:
+        path, options = "/v1/plans/pareto?job=true", {**options, "max_fleets": max_fleets}
     try:
-        status, body = call(port, "POST", "/v1/plans?job=true",
-                            {**PLAN_JOB, "options": {"time_limit_s": time_limit_s}})
+        status, body = call(port, "POST", path, {**PLAN_JOB, "options": options})
     except OSError:
         return None
     return body["id"] if status == 202 else None
@@ -309,8 +313,12 @@ def faults(kind: str, args: argparse.Namespace, folder: Path) -> list[dict[str, 
         drop()
 
 
-def throughput(kind: str, args: argparse.Namespace, folder: Path) -> list[dict[str, Any]]:
+def throughput(kind: str, args: argparse.Namespace, folder: Path,
+               max_fleets: int = 0) -> list[dict[str, Any]]:
+    """Jobs per minute of 1 and 2 worker processes: plan jobs, or frontier jobs of
+    `max_fleets` searches each."""
     results = []
+    count = args.sweep_jobs if max_fleets else args.jobs
     for processes in (1, 2):
         url, drop = fresh_database(kind, folder)
         service = Service(url, folder, lease_s=args.lease_s)
@@ -322,10 +330,12 @@ def throughput(kind: str, args: argparse.Namespace, folder: Path) -> list[dict[s
             warm = queue_job(service.port, args.time_limit_s)  # search servers started
             wait_final(service.port, [warm] if warm else [], timeout_s=120)
             started = time.perf_counter()
-            jobs = [queue_job(service.port, args.time_limit_s) for _ in range(args.jobs)]
+            jobs = [queue_job(service.port, args.time_limit_s, max_fleets)
+                    for _ in range(count)]
             final = wait_final(service.port, [j for j in jobs if j], timeout_s=600)
             seconds = time.perf_counter() - started
-            results.append({"db": kind, "worker_processes": processes, "jobs": args.jobs,
+            results.append({"db": kind, "job": f"pareto, max_fleets {max_fleets}" if max_fleets
+                            else "plan", "worker_processes": processes, "jobs": count,
                             "succeeded": sum(j["status"] == "succeeded"
                                              for j in final.values()),
                             "seconds": seconds, "jobs_per_min": 60 * len(final) / seconds,
@@ -345,11 +355,12 @@ def ready_p50(rows: list[dict[str, Any]]) -> str:
 def markdown(trials: list[dict[str, Any]], rates: list[dict[str, Any]], command: str) -> str:
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [f"`{command}` ({when}, {platform.machine()}, {os.cpu_count()} vCPUs, load "
-             f"average {os.getloadavg()[0]:.1f} at the end)", "",
-             "| database | killed | trials | uploads acked | uploads lost | jobs acked | "
-             "jobs ended well | jobs unfinished | jobs running at kill | max attempts | "
-             "recovery p50 s | recovery max s | server ready p50 s |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             f"average {os.getloadavg()[0]:.1f} at the end)"]
+    if trials:
+        lines += ["", "| database | killed | trials | uploads acked | uploads lost | jobs acked "
+                  "| jobs ended well | jobs unfinished | jobs running at kill | max attempts | "
+                  "recovery p50 s | recovery max s | server ready p50 s |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for db in dict.fromkeys(t["db"] for t in trials):
         for kind in ("server", "worker"):
             rows = [t for t in trials if t["db"] == db and t["kind"] == kind]
@@ -369,9 +380,10 @@ def markdown(trials: list[dict[str, Any]], rates: list[dict[str, Any]], command:
                 f"{statistics.median(recovery):.1f} | {max(recovery):.1f} | "
                 f"{ready_p50(rows)} |")
     if rates:
-        lines += ["", "| database | worker processes | jobs | succeeded | seconds | jobs/min "
-                  "| load1 before |", "| --- | --- | --- | --- | --- | --- | --- |"]
-        lines += [f"| {r['db']} | {r['worker_processes']} | {r['jobs']} | {r['succeeded']} | "
+        lines += ["", "| database | job | worker processes | jobs | succeeded | seconds | "
+                  "jobs/min | load1 before |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        lines += [f"| {r['db']} | {r['job']} | {r['worker_processes']} | {r['jobs']} | "
+                  f"{r['succeeded']} | "
                   f"{r['seconds']:.1f} | {r['jobs_per_min']:.1f} | {r['load1']:.1f} |"
                   for r in rates]
     return "\n".join(lines) + "\n"
@@ -390,6 +402,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=12)
     parser.add_argument("--throughput", action="store_true")
     parser.add_argument("--jobs", type=int, default=8, help="Jobs of the throughput run.")
+    parser.add_argument("--sweep-fleets", type=int, default=0,
+                        help="Also time frontier jobs of this many fleets (0: no).")
+    parser.add_argument("--sweep-jobs", type=int, default=6,
+                        help="Frontier jobs of that throughput run.")
     parser.add_argument("--markdown", type=Path)
     parser.add_argument("--folder", type=Path, default=Path("/tmp/hetplan-faults"))
     args = parser.parse_args()
@@ -401,6 +417,8 @@ def main() -> None:
             trials += faults(kind, args, args.folder)
         if args.throughput:
             rates += throughput(kind, args, args.folder)
+            if args.sweep_fleets:
+                rates += throughput(kind, args, args.folder, args.sweep_fleets)
     text = markdown(trials, rates, "python bench/service_faults.py " + " ".join(sys.argv[1:]))
     print(text)
     if args.markdown:
