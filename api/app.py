@@ -12,14 +12,13 @@ from typing import Any
 
 import sqlalchemy as sa
 from fastapi import FastAPI
-from sqlalchemy.exc import SQLAlchemyError
 
 import planner
 from api.admission import InlineSolves
 from api.auth import openapi_as_configured
 from api.cache import LruCache
 from api.errors import install_error_handlers
-from api.jobs import JobRunner
+from api.jobs import JobQueue, Worker
 from api.limits import BodyLimitMiddleware
 from api.metrics import Metrics, MetricsMiddleware
 from api.routes import ROUTERS, health
@@ -59,12 +58,17 @@ def create_app(settings: Settings | None = None, *, solver: Solver | None = None
     the one built from `settings.database_url`."""
     settings = settings or Settings()
     engine = engine or make_engine(settings.database_url)
-    solver = solver or (ProcessSolver(max_memory_bytes=settings.max_search_memory_bytes)
+    solver = solver or (ProcessSolver(max_memory_bytes=settings.max_search_memory_bytes,
+                                      max_idle=max(4, settings.solver_workers))
                         if settings.solve_in_processes else _in_process_solver)
     store = Store(engine)
     metrics = Metrics()
-    runner = JobRunner(store=store, solver=solver, metrics=metrics,
-                       workers=settings.solver_workers, max_pending=settings.max_pending_jobs)
+    worker = Worker(store=store, solver=solver, metrics=metrics,
+                    concurrency=settings.solver_workers, lease_s=settings.job_lease_s,
+                    poll_s=settings.job_poll_s, max_attempts=settings.max_job_attempts
+                    ) if settings.embedded_worker else None
+    runner = JobQueue(store=store, max_pending=settings.max_pending_jobs,
+                      on_submit=None if worker is None else worker.wake)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -72,16 +76,14 @@ def create_app(settings: Settings | None = None, *, solver: Solver | None = None
             migrate(engine)
         if isinstance(solver, ProcessSolver):
             start_search_server()
-        runner.start()
-        try:
-            runner.fail_lost_jobs()  # jobs of a process that died while running them
-        except SQLAlchemyError:  # no schema yet (migrations run elsewhere): nothing to fail
-            logging.getLogger("hetplan").warning("could not check for lost plan jobs at start-up")
+        if worker is not None:
+            worker.start()
         app.state.probe_pool = ThreadPoolExecutor(1, thread_name_prefix="hetplan-probe")
         try:
             yield
         finally:
-            runner.shutdown()
+            if worker is not None:
+                worker.stop()
             if isinstance(solver, ProcessSolver):
                 solver.close()
             app.state.probe_pool.shutdown(wait=False, cancel_futures=True)
@@ -93,6 +95,7 @@ def create_app(settings: Settings | None = None, *, solver: Solver | None = None
     app.state.store = store
     app.state.metrics = metrics
     app.state.runner = runner
+    app.state.worker = worker
     app.state.solver = solver
     app.state.plan_cache = LruCache(settings.plan_cache_bytes)
     app.state.inline_solves = InlineSolves(settings.max_inline_solves)

@@ -12,7 +12,7 @@ from fastapi import Depends, Header, Request
 
 from api.auth import Principal, require
 from api.cache import LruCache
-from api.jobs import JobRunner
+from api.jobs import JobQueue
 from api.metrics import Metrics
 from api.services.planning import Solver
 from api.settings import Scope, Settings
@@ -40,7 +40,7 @@ async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-async def get_runner(request: Request) -> JobRunner:
+async def get_runner(request: Request) -> JobQueue:
     return request.app.state.runner
 
 
@@ -58,7 +58,7 @@ async def get_plan_cache(request: Request) -> LruCache:
 
 StoreDep = Annotated[Store, Depends(get_store)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
-RunnerDep = Annotated[JobRunner, Depends(get_runner)]
+RunnerDep = Annotated[JobQueue, Depends(get_runner)]
 SolverDep = Annotated[Solver, Depends(get_solver)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 PlanCacheDep = Annotated[LruCache, Depends(get_plan_cache)]

@@ -21,8 +21,8 @@ class _Options(BaseModel):
 
     time_limit_s: float = Field(
         default=1.0, gt=0, le=86_400,
-        description="Search budget per planned fleet; all of them together must fit the "
-        "server's max_time_limit_s.")
+        description="Search budget per planned fleet; when all of them together exceed the "
+        "server's max_time_limit_s the answer is a job (202).")
 
 
 class ParetoOptions(_Options):

@@ -31,7 +31,7 @@ class Metrics:
         self.solves = Histogram("hetplan_solve_seconds", "Wall time of plan searches.",
                                 ["outcome"], buckets=_SOLVE_BUCKETS, registry=self.registry)
         self.queue_depth = Gauge("hetplan_jobs_pending",
-                                 "Plan jobs queued or running in this process.",
+                                 "Jobs running in this process's worker.",
                                  registry=self.registry)
 
     def observe_solve(self, outcome: str, seconds: float) -> None:

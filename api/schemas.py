@@ -459,14 +459,29 @@ class JobState(StrEnum):
     CANCELLED = "cancelled"
 
 
+class JobKindName(StrEnum):
+    PLAN = "plan"
+    PARETO = "pareto"
+    WHATIF = "whatif"
+
+
 class JobPublic(_Out):
     id: str
+    kind: JobKindName = Field(default=JobKindName.PLAN, description=(
+        "What the job computes: `plan` (POST /v1/plans), `pareto` (POST /v1/plans/pareto), "
+        "`whatif` (POST /v1/whatif)."))
     status: JobState
     progress: float = Field(ge=0, le=1)
     message: str
-    plan_id: str | None = None
+    plan_id: str | None = Field(default=None, description="A succeeded plan job's plan.")
+    result: dict[str, Any] | None = Field(default=None, description=(
+        "A succeeded pareto or what-if job's answer: the body the inline request answers "
+        "with (its plans are stored: GET /v1/plans/{id})."))
     cancel_requested: bool
     error: dict[str, Any] | None = None
+    attempts: int = Field(default=0, description=(
+        "Times a worker started the job; more than 1 when a worker stopped while running "
+        "it and another took it over."))
     created_at: datetime
     updated_at: datetime
 

@@ -8,6 +8,7 @@ CLI and the container read the environment.
 from __future__ import annotations
 
 import ipaddress
+import os
 from enum import StrEnum
 
 from pydantic import Field
@@ -53,8 +54,20 @@ class Settings(BaseSettings):
     sync_solve_threshold_s: float = Field(default=5.0, ge=0)
     """Plan requests whose time limit is at most this are solved inline (201); longer ones
     become jobs (202) to poll."""
-    solver_workers: int = Field(default=1, ge=1, le=64)
-    """Plan jobs run at once by each server process."""
+    solver_workers: int = Field(default_factory=lambda: min(_usable_cores(), 64), ge=1, le=64)
+    """Jobs a worker process runs at once (each search in its own search process); the
+    default is one per core of the machine."""
+    embedded_worker: bool = True
+    """`hetplan serve` (each of its processes) also runs a worker that claims jobs. False:
+    an API replica only; jobs are run by `hetplan worker` processes (deploy/)."""
+    job_lease_s: float = Field(default=30.0, gt=0)
+    """How long a worker's claim on a job lasts unless renewed (every third of it): a job
+    whose worker died is claimed again after at most this long."""
+    job_poll_s: float = Field(default=1.0, gt=0)
+    """How often an idle worker looks for queued jobs."""
+    max_job_attempts: int = Field(default=3, ge=1)
+    """Times a job is started before it fails with `job_attempts_exhausted` (each time
+    its worker stopped before finishing it)."""
     solve_in_processes: bool = True
     """Run each search of the built-in planner in a child process: it never stalls the
     server's event loop, a cancelled job stops within a second, and a search still running
@@ -63,7 +76,8 @@ class Settings(BaseSettings):
     """Address space each search process may use (with `solve_in_processes`); a search
     that needs more is stopped and answered 422 `search_memory_exceeded`."""
     max_pending_jobs: int = Field(default=32, ge=1)
-    """Queued plus running jobs per process above which new long solves get 503."""
+    """Queued plus running jobs (of the whole service, in the database) above which new
+    jobs get 503."""
     max_inline_solves: int = Field(default=4, ge=1, le=32)
     """Inline plan searches (201 answers) running at once per process; one more is refused
     with 503 and `Retry-After` instead of queueing behind them (jobs queue separately)."""
@@ -77,6 +91,13 @@ class Settings(BaseSettings):
     is safe); least recently read plans are dropped first, 0 turns the cache off."""
     migrate_on_startup: bool = True
     """Run Alembic's upgrade to the newest schema when the app starts."""
+
+
+def _usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity, else the machine's)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
 
 
 class ExposureRefused(Exception):

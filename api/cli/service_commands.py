@@ -1,4 +1,5 @@
-"""`hetplan serve` (the HTTP service) and `hetplan batch` (plan a folder of scenarios, for CI)."""
+"""`hetplan serve` (the HTTP service), `hetplan worker` (runs its jobs) and `hetplan batch`
+(plan a folder of scenarios, for CI)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,14 @@ import typer
 
 from api.cli.output import fail, stderr_console
 
-__all__ = ["register", "BatchOutcome", "plan_file", "plan_file_task"]
+__all__ = ["register", "BatchOutcome", "plan_file", "plan_file_task", "worker"]
 
 SCENARIO_SUFFIXES = (".json", ".yaml", ".yml")
 
 
 def register(app: typer.Typer) -> None:
     app.command("serve")(serve)
+    app.command("worker")(worker)
     app.command("batch")(batch)
 
 
@@ -32,7 +34,9 @@ def serve(
 ) -> None:
     """Serve the hetplan HTTP API (docs at /docs).
 
-    Settings come from HETPLAN_* variables (docs/service.md)."""
+    Each server process also runs a worker for plan jobs unless HETPLAN_EMBEDDED_WORKER
+    is false (then run `hetplan worker`). Settings come from HETPLAN_* variables
+    (docs/service.md)."""
     import uvicorn
 
     from api.app import create_app
@@ -65,6 +69,59 @@ def serve(
     else:
         uvicorn.run("api.app:create_app_from_env", factory=True, host=host, port=port,
                     workers=workers, log_level=log_level, http=PROTOCOL_PATH)
+
+
+def worker(
+    concurrency: Annotated[int | None, typer.Option(
+        min=1, max=64, help="Jobs run at once (default HETPLAN_SOLVER_WORKERS: one per "
+        "core).")] = None,
+) -> None:
+    """Run queued plan jobs from the service's database until stopped (SIGTERM, Ctrl-C).
+
+    Any number of workers, on any machine that reaches the database, share the jobs;
+    a job whose worker dies is taken over by another. Settings come from HETPLAN_*
+    variables (HETPLAN_DATABASE_URL first of all; docs/service.md)."""
+    import signal
+    import threading
+
+    from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+
+    from api.jobs import Worker
+    from api.metrics import Metrics
+    from api.settings import Settings
+    from api.solving import ProcessSolver, start_search_server
+    from api.storage import Store, make_engine, migrate
+
+    settings = Settings()
+    try:
+        engine = make_engine(settings.database_url)
+        if settings.migrate_on_startup:
+            migrate(engine)
+    except (ArgumentError, SQLAlchemyError) as error:
+        reason = " ".join(str(error).split())[:300]
+        raise fail(f"cannot use the database {settings.database_url!r} (HETPLAN_DATABASE_URL): "
+                   f"{reason}") from None
+    concurrency = concurrency or settings.solver_workers
+    solver = ProcessSolver(max_memory_bytes=settings.max_search_memory_bytes,
+                           max_idle=concurrency)  # a warm search process per slot
+    start_search_server()
+    jobs = Worker(store=Store(engine), solver=solver, metrics=Metrics(),
+                  concurrency=concurrency,
+                  lease_s=settings.job_lease_s, poll_s=settings.job_poll_s,
+                  max_attempts=settings.max_job_attempts)
+    stopped = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stopped.set())
+    jobs.start()
+    stderr_console().print(f"hetplan worker {jobs.name}: running up to {jobs.concurrency} "
+                           "jobs at once; stop with Ctrl-C")
+    try:
+        while not stopped.wait(1.0):
+            pass
+    finally:
+        jobs.stop()
+        solver.close()
+        engine.dispose()
 
 
 @dataclass(frozen=True, kw_only=True)

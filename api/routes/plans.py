@@ -25,10 +25,11 @@ from api.deps import (
 )
 from api.errors import ErrorResponses, ExportUnavailable, InvalidRequest
 from api.examples import openapi_examples
+from api.job_requests import job_request
 from api.routing import CheckedRoute
 from api.services import planning
 from api.services.scenarios import Assembled, assemble
-from api.storage import Store
+from api.storage import JobKind, Store
 
 router = APIRouter(prefix="/v1/plans", tags=["plans"], responses=ErrorResponses.common,
                    route_class=CheckedRoute)
@@ -90,7 +91,8 @@ async def create(body: Annotated[schemas.PlanRequest, Body(openapi_examples=open
         budget_s = await run_in_threadpool(
             lambda: planning.search_budget_s(assembled().scenario, options))
     if job or budget_s > settings.sync_solve_threshold_s:
-        record = await run_in_threadpool(lambda: runner.submit(assembled(), options))
+        record = await run_in_threadpool(lambda: runner.submit(
+            JobKind.PLAN, job_request(assembled(), options)))
         public = schemas.JobPublic.model_validate(record, from_attributes=True)
         return JSONResponse(public.model_dump(mode="json"), status_code=202,
                             headers={"Location": f"/v1/jobs/{record.id}"})

@@ -1,4 +1,5 @@
-"""The frontier and what-if fleets over HTTP: plan the fleets in turn, store every plan.
+"""The frontier and what-if fleets over HTTP: plan the fleets in turn, store every plan
+(inline, or in a job's worker).
 
 Every plan is stored like any other (`GET /v1/plans/{id}`): a frontier point with the
 requested scenario (a sub-fleet's plan is a plan of the whole fleet with GPUs idle), a
@@ -8,39 +9,57 @@ what-if variant with the variant's own scenario, whose `sources` name the change
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 import planner
-from api.errors import InvalidRequest, json_safe
+from api.errors import json_safe
 from api.services.planning import Solver, fleet_solve, store_result
 from api.services.scenarios import Assembled
-from api.settings import Settings
 from api.storage import Store
 from planner import fleet
 from planner.documents import dump_document
+from planner.search.api import ProgressCallback
 
-__all__ = ["check_sweep_budget", "frontier_and_store", "what_if_and_store"]
+__all__ = ["sweep_s", "check_prices", "check_variants", "frontier_and_store",
+           "what_if_and_store"]
 
 
-def check_sweep_budget(num_plans: int, time_limit_s: float, settings: Settings) -> None:
-    """Sweeps are answered inline: their total search time must fit the server's
-    `max_time_limit_s`."""
-    total = num_plans * time_limit_s
-    if total > settings.max_time_limit_s:
-        raise InvalidRequest(
-            f"{num_plans} plans of {time_limit_s:g} s each need up to {total:g} s, above this "
-            f"server's max_time_limit_s ({settings.max_time_limit_s:g} s); plan fewer fleets "
-            "or lower options.time_limit_s")
+def sweep_s(num_plans: int, options: planner.SearchOptions) -> float:
+    """The longest a sweep of `num_plans` searches may run; above the server's
+    `max_time_limit_s` it is a job rather than an inline answer."""
+    return num_plans * options.time_limit_s
+
+
+def check_prices(scenario: planner.Scenario) -> None:
+    """`InvalidScenario` for a GPU type without a price: checked before a frontier job is
+    queued, so the request is answered 422 rather than a job that fails."""
+    fleet.check_prices(scenario)
+
+
+def check_variants(scenario: planner.Scenario, variants: list[fleet.FleetVariant]) -> None:
+    """`InvalidScenario` naming the first variant that cannot apply, before a job is
+    queued (as the inline answer checks them before planning)."""
+    for i, variant in enumerate(variants):
+        try:
+            fleet.apply_variant(scenario, variant)
+        except planner.InvalidScenario as error:
+            raise planner.InvalidScenario([replace(p, path=f"variants[{i}].{p.path}")
+                                           for p in error.problems]) from None
 
 
 def frontier_and_store(assembled: Assembled, options: planner.SearchOptions, max_fleets: int,
-                       *, solver: Solver, store: Store) -> dict[str, Any]:
-    """The cost/throughput frontier of the assembled scenario, each point stored."""
+                       *, solver: Solver, store: Store, progress: ProgressCallback | None = None,
+                       check: Callable[[], None] | None = None) -> dict[str, Any]:
+    """The cost/throughput frontier of the assembled scenario, each point stored.
+    `progress` hears after each fleet; `check()` while a fleet's search runs (a job's
+    cancel: it raises, and the search is stopped)."""
     started = time.monotonic()
     fleet.check_prices(assembled.scenario)
     fleets = fleet.sub_fleets(assembled.scenario, max_fleets)
-    points = fleet.frontier(fleet.plan_fleets(fleets, options, solve=fleet_solve(solver)))
+    points = fleet.frontier(fleet.plan_fleets(fleets, options, progress=progress,
+                                              solve=fleet_solve(solver, check)))
     answer = []
     for point in points:
         assert point.result is not None, "frontier points are planned"
@@ -55,11 +74,14 @@ def frontier_and_store(assembled: Assembled, options: planner.SearchOptions, max
 
 
 def what_if_and_store(assembled: Assembled, variants: list[fleet.FleetVariant],
-                      options: planner.SearchOptions, *, solver: Solver,
-                      store: Store) -> dict[str, Any]:
+                      options: planner.SearchOptions, *, solver: Solver, store: Store,
+                      progress: ProgressCallback | None = None,
+                      check: Callable[[], None] | None = None) -> dict[str, Any]:
     """The base fleet and every variant planned, with changes against the base; each
-    variant's plan stored with the variant's scenario."""
-    rows = fleet.what_if(assembled.scenario, variants, options, solve=fleet_solve(solver))
+    variant's plan stored with the variant's scenario. `progress` and `check` as for
+    `frontier_and_store`."""
+    rows = fleet.what_if(assembled.scenario, variants, options, progress=progress,
+                         solve=fleet_solve(solver, check))
     changed = [None, *variants]
     answer = []
     for row, variant in zip(rows, changed, strict=True):

@@ -126,13 +126,16 @@ def solve_and_store(
     return store_result(assembled, options, result, store=store)
 
 
-def fleet_solve(solver: Solver) -> Solve:
+def fleet_solve(solver: Solver, check: Callable[[], None] | None = None) -> Solve:
     """The service's solver as `planner.fleet` plans one fleet with it: a fleet the solver
     refuses (an error rendered by a search process) is that fleet's outcome, not the
-    request's answer."""
+    request's answer. `check()`, when given, is called as the search reports progress
+    (a job's cancel raises there, and the search is stopped)."""
+    watch = None if check is None else (lambda _fraction, _message: check())
+
     def solve(scenario: planner.Scenario, options: planner.SearchOptions) -> planner.PlanResult:
         try:
-            return solver(scenario, options, None)
+            return solver(scenario, options, watch)
         except ApiError as error:
             raise planner.PlannerError(f"{error.code}: {error.message}") from None
 

@@ -4,8 +4,11 @@ them. One code path serves SQLite and PostgreSQL; only the engine options differ
 from api.storage.db import make_engine, migrate
 from api.storage.store import (
     Catalogue,
+    ClaimedJob,
+    JobKind,
     JobRecord,
     JobStatus,
+    LeaseState,
     LinkSetRecord,
     PlanRecord,
     ProfileSetRecord,
@@ -15,8 +18,11 @@ from api.storage.store import (
 
 __all__ = [
     "Catalogue",
+    "ClaimedJob",
+    "JobKind",
     "JobRecord",
     "JobStatus",
+    "LeaseState",
     "LinkSetRecord",
     "PlanRecord",
     "ProfileSetRecord",

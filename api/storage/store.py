@@ -15,7 +15,7 @@ import random
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, TypeVar
 
@@ -36,7 +36,10 @@ __all__ = [
     "LinkSetRecord",
     "PlanRecord",
     "JobStatus",
+    "JobKind",
     "JobRecord",
+    "ClaimedJob",
+    "LeaseState",
     "Store",
 ]
 
@@ -169,6 +172,14 @@ class JobStatus(StrEnum):
         return self in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
 
 
+class JobKind(StrEnum):
+    """What a job computes: one plan, a cost/throughput frontier, or what-if fleets."""
+
+    PLAN = "plan"
+    PARETO = "pareto"
+    WHATIF = "whatif"
+
+
 @dataclass(frozen=True, kw_only=True)
 class JobRecord:
     id: str
@@ -179,6 +190,28 @@ class JobRecord:
     message: str
     plan_id: str | None
     error: dict[str, Any] | None
+    cancel_requested: bool
+    kind: JobKind = JobKind.PLAN
+    result: dict[str, Any] | None = None
+    owner: str | None = None
+    lease_expires_at: datetime | None = None
+    attempts: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClaimedJob:
+    """A job a worker claimed, with the request it runs."""
+
+    job: JobRecord
+    request: dict[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeaseState:
+    """What a lease renewal found about one job the worker runs."""
+
+    ours: bool
+    """False when the job ended or another worker claimed it (our lease had lapsed)."""
     cancel_requested: bool
 
 
@@ -549,19 +582,31 @@ class Store:
 
     # -- jobs ----------------------------------------------------------------------------
 
-    def add_job(self, job_id: str) -> JobRecord:
+    def add_job(self, job_id: str, *, kind: JobKind = JobKind.PLAN,
+                request: dict[str, Any] | None = None) -> JobRecord:
+        """A queued job; `request` is what a worker needs to run it."""
         now = _now()
         values = {"id": job_id, "created_at": now, "updated_at": now,
                   "status": JobStatus.QUEUED.value, "progress": 0.0, "message": "queued",
-                  "plan_id": None, "error": None, "cancel_requested": False}
+                  "plan_id": None, "error": None, "cancel_requested": False,
+                  "kind": kind.value, "request": request, "attempts": 0}
         with write_transaction(self.engine) as connection:
             connection.execute(sa.insert(t.jobs).values(**values))
+        del values["request"]
         return self._job(values)
 
+    def count_unfinished_jobs(self) -> int:
+        """Queued plus running jobs, of every process."""
+        final = [s.value for s in JobStatus if s.final]
+        with self.engine.connect() as connection:
+            return int(connection.execute(sa.select(sa.func.count()).select_from(t.jobs).where(
+                t.jobs.c.status.not_in(final))).scalar() or 0)
+
     def update_job(self, job_id: str, *, expect: JobStatus | None = None,
-                   **changes: Any) -> JobRecord:
+                   owner: str | None = None, **changes: Any) -> JobRecord:
         """Change a job's fields; a job that reached a final status is never changed, nor
-        one whose status is not `expect` (when given)."""
+        one whose status is not `expect` (when given), nor one another worker than `owner`
+        (when given) has claimed since."""
         changes["updated_at"] = _now()
         if "status" in changes:
             changes["status"] = JobStatus(changes["status"]).value
@@ -569,48 +614,121 @@ class Store:
         query = sa.update(t.jobs).where(t.jobs.c.id == job_id, t.jobs.c.status.not_in(final))
         if expect is not None:
             query = query.where(t.jobs.c.status == expect.value)
+        if owner is not None:
+            query = query.where(t.jobs.c.owner == owner)
         with write_transaction(self.engine) as connection:
             connection.execute(query.values(**changes))
         return self.get_job(job_id)
 
-    def touch_jobs(self, job_ids: Iterable[str]) -> None:
-        """Heartbeat: mark these unfinished jobs as still owned by a live process."""
+    def claim_job(self, *, owner: str, lease_s: float, max_attempts: int,
+                  exhausted_error: Callable[[int], dict[str, Any]]) -> ClaimedJob | None:
+        """Take the oldest job that is queued or whose lease lapsed, for `owner`, until
+        `lease_s` from now; None when there is none. Rows other workers are claiming are
+        skipped (PostgreSQL: `FOR UPDATE SKIP LOCKED`; SQLite: the transaction holds the
+        database's write lock from BEGIN). Lapsed jobs met on the way end here: cancelled
+        when a cancel was asked, failed with `exhausted_error(attempts)` once
+        `max_attempts` attempts were started."""
+        jobs, final = t.jobs, [s.value for s in JobStatus if s.final]
+        with write_transaction(self.engine) as connection:
+            now = _now()
+            lapsed = sa.and_(jobs.c.status == JobStatus.RUNNING.value,
+                             jobs.c.lease_expires_at < now)
+            oldest = (sa.select(jobs.c.id, jobs.c.status, jobs.c.attempts,
+                                jobs.c.cancel_requested)
+                      .where(sa.or_(jobs.c.status == JobStatus.QUEUED.value, lapsed))
+                      .order_by(jobs.c.created_at, jobs.c.id).limit(1)
+                      .with_for_update(skip_locked=True))
+            # one row locked at a time, so that concurrent claimers skip only that one
+            while (row := connection.execute(oldest).first()) is not None:
+                ending = self._end_of_lapsed(row, max_attempts, exhausted_error)
+                update = sa.update(jobs).where(jobs.c.id == row.id,
+                                               jobs.c.status.not_in(final))
+                if ending is not None:
+                    connection.execute(update.values(updated_at=now, owner=None, **ending))
+                    continue
+                connection.execute(update.values(
+                    status=JobStatus.RUNNING.value, owner=owner, updated_at=now,
+                    lease_expires_at=now + timedelta(seconds=lease_s),
+                    attempts=row.attempts + 1,
+                    message="solving" if row.attempts == 0 else
+                    f"solving (attempt {row.attempts + 1} of {max_attempts})"))
+                claimed = connection.execute(
+                    sa.select(jobs).where(jobs.c.id == row.id)).one()._asdict()
+                request = claimed.pop("request") or {}
+                return ClaimedJob(job=self._job(claimed), request=request)
+        return None
+
+    @staticmethod
+    def _end_of_lapsed(row: Any, max_attempts: int,
+                       exhausted_error: Callable[[int], dict[str, Any]]
+                       ) -> dict[str, Any] | None:
+        """The final fields of a lapsed job that must not run again; None to run it."""
+        if row.status != JobStatus.RUNNING.value:
+            return None
+        if row.cancel_requested:
+            return {"status": JobStatus.CANCELLED.value, "message": "cancelled"}
+        if row.attempts >= max_attempts:
+            error = exhausted_error(row.attempts)
+            return {"status": JobStatus.FAILED.value, "error": error,
+                    "message": str(error.get("message", ""))[:500]}
+        return None
+
+    def renew_leases(self, owner: str, job_ids: Iterable[str],
+                     lease_s: float) -> dict[str, LeaseState]:
+        """Move the leases of `owner`'s running jobs `lease_s` past now; for each job, whether
+        it is still ours and whether a cancel was asked."""
         ids = list(job_ids)
         if not ids:
-            return
-        final = [s.value for s in JobStatus if s.final]
+            return {}
+        jobs = t.jobs
         with write_transaction(self.engine) as connection:
-            connection.execute(sa.update(t.jobs).where(
-                t.jobs.c.id.in_(ids), t.jobs.c.status.not_in(final)).values(updated_at=_now()))
+            now = _now()
+            connection.execute(sa.update(jobs).where(
+                jobs.c.id.in_(ids), jobs.c.owner == owner,
+                jobs.c.status == JobStatus.RUNNING.value).values(
+                    lease_expires_at=now + timedelta(seconds=lease_s), updated_at=now))
+            rows = connection.execute(sa.select(
+                jobs.c.id, jobs.c.owner, jobs.c.status, jobs.c.cancel_requested).where(
+                    jobs.c.id.in_(ids))).all()
+        found = {r.id: LeaseState(ours=r.owner == owner and r.status == JobStatus.RUNNING.value,
+                                  cancel_requested=bool(r.cancel_requested)) for r in rows}
+        return {i: found.get(i, LeaseState(ours=False, cancel_requested=False)) for i in ids}
 
-    def fail_silent_jobs(self, *, silent_since: datetime, error: dict[str, Any],
-                         job_id: str | None = None) -> int:
-        """Fail unfinished jobs (one, or all) not updated since `silent_since`: their
-        process is gone. Returns how many were failed."""
-        final = [s.value for s in JobStatus if s.final]
-        query = sa.update(t.jobs).where(t.jobs.c.status.not_in(final),
-                                        t.jobs.c.updated_at < silent_since)
-        if job_id is not None:
-            query = query.where(t.jobs.c.id == job_id)
+    def release_jobs(self, owner: str, job_ids: Iterable[str]) -> int:
+        """Queue `owner`'s running jobs again, their attempt not counted (a worker that
+        shuts down cleanly did not fail them); how many were released."""
+        ids = list(job_ids)
+        if not ids:
+            return 0
+        jobs = t.jobs
         with write_transaction(self.engine) as connection:
-            result = connection.execute(query.values(
-                status=JobStatus.FAILED.value, error=error, updated_at=_now(),
-                message="the server process running this job stopped"))
+            result = connection.execute(sa.update(jobs).where(
+                jobs.c.id.in_(ids), jobs.c.owner == owner,
+                jobs.c.status == JobStatus.RUNNING.value).values(
+                    status=JobStatus.QUEUED.value, owner=None, lease_expires_at=None,
+                    attempts=sa.case((jobs.c.attempts > 0, jobs.c.attempts - 1), else_=0),
+                    progress=0.0, message="queued again: its worker shut down",
+                    updated_at=_now()))
         return int(result.rowcount or 0)
 
     def get_job(self, job_id: str) -> JobRecord:
+        columns = [c for c in t.jobs.c if c.name != "request"]
         with self.engine.connect() as connection:
-            row = connection.execute(sa.select(t.jobs).where(t.jobs.c.id == job_id)).first()
+            row = connection.execute(sa.select(*columns).where(t.jobs.c.id == job_id)).first()
         if row is None:
-            raise NotFound(f"no job with id {job_id!r}; jobs are created by POST /v1/plans")
+            raise NotFound(f"no job with id {job_id!r}; jobs are created by POST /v1/plans "
+                           "(and, when long, POST /v1/plans/pareto and POST /v1/whatif)")
         return self._job(row._asdict())
 
     @staticmethod
     def _job(values: dict[str, Any]) -> JobRecord:
         values = dict(values)
         values["status"] = JobStatus(values["status"])
+        values["kind"] = JobKind(values.get("kind") or JobKind.PLAN.value)
         values["created_at"] = _utc(values["created_at"])
         values["updated_at"] = _utc(values["updated_at"])
+        if values.get("lease_expires_at") is not None:
+            values["lease_expires_at"] = _utc(values["lease_expires_at"])
         return JobRecord(**values)
 
     # -- table counts, for tests and readiness --------------------------------------------

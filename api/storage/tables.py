@@ -139,4 +139,16 @@ jobs = sa.Table(
     sa.Column("plan_id", sa.String(32), nullable=True),
     sa.Column("error", sa.JSON, nullable=True),
     sa.Column("cancel_requested", sa.Boolean, nullable=False),
+    sa.Column("kind", sa.String(20), nullable=False, server_default="plan"),
+    sa.Column("request", sa.JSON, nullable=True),
+    sa.Column("result", sa.JSON, nullable=True),
+    sa.Column("owner", sa.String(200), nullable=True),
+    sa.Column("lease_expires_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
+    sa.Index("ix_jobs_status_created", "status", "created_at"),
 )
+"""A job is durable: `request` holds everything a worker needs to run it (the assembled
+scenario, options, the sweep's fleets), so any worker process may claim it. `owner` is the
+worker running it until `lease_expires_at`, which that worker keeps moving forward; a job
+whose lease lapsed is claimed again, at most `max_job_attempts` times in all (`attempts`).
+`result` holds the answer of a sweep (pareto, what-if), whose plans are stored as plans."""

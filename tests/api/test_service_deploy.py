@@ -46,3 +46,25 @@ def test_kubernetes_deployment_probes_and_secret() -> None:
     assert spec["securityContext"]["runAsNonRoot"] is True
     secret = load("deploy/k8s/secret.example.yaml")
     assert set(secret["stringData"]) == {"database-url", "tokens"}
+
+
+def test_compose_runs_api_replicas_and_workers_apart() -> None:
+    services = load("deploy/compose.yaml")["services"]
+    assert services["hetplan"]["environment"]["HETPLAN_EMBEDDED_WORKER"] == "false"
+    worker = services["worker"]
+    assert worker["command"] == ["hetplan", "worker"]
+    assert worker["environment"]["HETPLAN_DATABASE_URL"] == \
+        services["hetplan"]["environment"]["HETPLAN_DATABASE_URL"]
+    assert "ports" not in worker
+
+
+def test_kubernetes_runs_workers_as_their_own_deployment() -> None:
+    assert "worker.yaml" in load("deploy/k8s/kustomization.yaml")["resources"]
+    api = load("deploy/k8s/deployment.yaml")["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "HETPLAN_EMBEDDED_WORKER", "value": "false"} in api["env"]
+    spec = load("deploy/k8s/worker.yaml")["spec"]["template"]["spec"]
+    container = spec["containers"][0]
+    assert container["args"] == ["hetplan", "worker"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["HETPLAN_DATABASE_URL"]["valueFrom"]["secretKeyRef"]["name"] == "hetplan"
+    assert spec["securityContext"]["runAsNonRoot"] is True

@@ -34,12 +34,50 @@ def test_frontier_of_unpriced_gpus_is_refused_naming_the_type(client: TestClient
     assert "gpu_types.F.hourly_usd" in response.text
 
 
-def test_frontier_longer_than_the_server_allows_is_refused(make_client: MakeClient) -> None:
+def test_frontier_longer_than_the_inline_limit_is_a_job_whose_result_is_the_answer(
+        make_client: MakeClient) -> None:
     client = make_client(max_time_limit_s=2.0)
     response = client.post("/v1/plans/pareto", json={
         "scenario": priced(), "options": {"time_limit_s": 1, "max_fleets": 3}})
+    assert response.status_code == 202, response.text
+    assert response.json()["kind"] == "pareto"
+    job = wait_job(client, response.json()["id"])
+    assert (job["status"], job["progress"], job["plan_id"]) == ("succeeded", 1.0, None)
+    frontier = job["result"]["frontier"]
+    assert [p["usd_per_hour"] for p in frontier] == [1.0, 4.0, 5.0]
+    for point in frontier:  # every point is a stored plan
+        stored = client.get(f"/v1/plans/{point['plan_id']}").json()
+        assert stored["plan"]["search"]["fleet"] == point["fleet"]
+
+
+def test_frontier_job_of_unpriced_gpus_is_refused_before_it_is_queued(
+        client: TestClient) -> None:
+    document = priced()
+    del document["gpu_types"]["F"]["hourly_usd"]
+    response = client.post("/v1/plans/pareto?job=true", json={"scenario": document})
     assert response.status_code == 422
-    assert "max_time_limit_s (2 s)" in response.json()["message"]
+    assert "gpu_types.F.hourly_usd" in response.text
+
+
+def test_what_if_as_a_job_answers_its_rows_in_the_result(client: TestClient) -> None:
+    response = client.post("/v1/whatif?job=true", json={
+        "scenario": priced(), "options": {"time_limit_s": 1},
+        "variants": [{"remove_types": ["F"]}]})
+    assert response.status_code == 202, response.text
+    assert response.headers["location"] == f"/v1/jobs/{response.json()['id']}"
+    job = wait_job(client, response.json()["id"])
+    assert job["status"] == "succeeded" and job["kind"] == "whatif", job
+    base, s_only = job["result"]["rows"]
+    assert s_only["usd_per_hour"] == 1.0 and s_only["usd_per_hour_change"] == pytest.approx(-0.8)
+    stored = client.get(f"/v1/plans/{s_only['plan_id']}/scenario").json()
+    assert [n["gpu_type"] for n in stored["cluster"]["nodes"]] == ["S"]
+
+
+def test_what_if_job_with_an_unknown_gpu_type_is_a_422(client: TestClient) -> None:
+    response = client.post("/v1/whatif?job=true", json={
+        "scenario": priced(), "variants": [{"add": [{"gpu_type": "H9", "nodes": 1}]}]})
+    assert response.status_code == 422
+    assert "variants[0].add[0].gpu_type" in response.text
 
 
 def test_what_if_rows_carry_changes_and_stored_plans_of_the_variant(client: TestClient) -> None:

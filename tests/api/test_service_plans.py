@@ -390,15 +390,6 @@ def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value))
 
 
-def test_pending_job_is_failed_when_the_server_shuts_down(
-        make_client: MakeClient, scenario: dict[str, Any]) -> None:
-    with running_job(make_client, scenario) as (client, job):
-        client.app.state.runner.shutdown()  # type: ignore[attr-defined]
-        final = client.get(f"/v1/jobs/{job['id']}").json()
-        assert final["status"] == "failed"
-        assert final["error"]["error"] == "server_shutdown"
-
-
 def test_plan_for_inline_cluster_and_model_with_stored_profiles(
         make_client: MakeClient, scenario: dict[str, Any],
         plan_document: dict[str, Any]) -> None:
@@ -430,57 +421,6 @@ def test_app_takes_jobs_again_after_its_lifespan_restarts(
         job = again.post("/v1/plans?job=true", json={"scenario": scenario}).json()
         assert wait_job(again, job["id"])["status"] == "succeeded"
     client.__enter__()  # the fixture exits it once more
-
-
-def _silence(client: TestClient, job_id: str, seconds: float) -> None:
-    """Make a job look as if its process stopped sending heartbeats `seconds` ago."""
-    from datetime import UTC, datetime, timedelta
-
-    import sqlalchemy as sa
-
-    from api.storage import tables
-
-    store = client.app.state.store  # type: ignore[attr-defined]
-    with store.engine.begin() as connection:
-        connection.execute(sa.update(tables.jobs).where(tables.jobs.c.id == job_id).values(
-            updated_at=datetime.now(UTC) - timedelta(seconds=seconds), status="running"))
-
-
-def test_job_of_a_process_that_died_is_failed_as_lost(make_client: MakeClient) -> None:
-    client = make_client()
-    store = client.app.state.store  # type: ignore[attr-defined]
-    job = store.add_job("deadbeef" * 4)  # owned by no live runner: its process died
-    _silence(client, job.id, 120)
-    answer = client.get(f"/v1/jobs/{job.id}").json()
-    assert answer["status"] == "failed"
-    assert answer["error"]["error"] == "server_lost"
-
-
-def test_job_silent_for_less_than_the_limit_is_left_running(make_client: MakeClient) -> None:
-    client = make_client()
-    store = client.app.state.store  # type: ignore[attr-defined]
-    job = store.add_job("feedface" * 4)
-    _silence(client, job.id, 10)
-    assert client.get(f"/v1/jobs/{job.id}").json()["status"] == "running"
-
-
-def test_a_starting_server_fails_the_jobs_of_a_dead_one(make_client: MakeClient) -> None:
-    first = make_client()
-    store = first.app.state.store  # type: ignore[attr-defined]
-    job = store.add_job("c0ffee00" * 4)
-    _silence(first, job.id, 120)
-    make_client()  # a second server on the same database starts up
-    assert store.get_job(job.id).status.value == "failed"
-
-
-def test_heartbeat_keeps_a_live_runners_jobs_from_looking_lost(
-        make_client: MakeClient, scenario: dict[str, Any]) -> None:
-    with running_job(make_client, scenario) as (client, job):
-        _silence(client, job["id"], 120)
-        runner = client.app.state.runner  # type: ignore[attr-defined]
-        runner.beat()
-        assert runner.fail_lost_jobs() == 0
-        assert client.get(f"/v1/jobs/{job['id']}").json()["status"] == "running"
 
 
 def test_plan_answers_carry_the_price_of_the_gpus_used(make_client: MakeClient,
@@ -533,7 +473,7 @@ def test_job_finishes_through_a_database_blip_on_its_status_writes(
     failures = [3]
 
     def blip(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        on_job_thread = threading.current_thread().name.startswith("hetplan-solve")
+        on_job_thread = threading.current_thread().name.startswith("hetplan-job")
         if on_job_thread and statement.lstrip().upper().startswith("UPDATE JOBS") \
                 and failures[0] > 0:
             failures[0] -= 1

@@ -296,3 +296,34 @@ def test_migration_0002_drops_copied_rows_and_keeps_every_version_as_it_was(
     assert [(r.set_id, r.micro_batch, r.forward_ms, r.uploaded) for r in restored] == [
         (1, 1, 1.0, True), (1, 2, 1.0, True), (2, 1, 1.0, False), (2, 2, 2.0, True)]
     engine.dispose()
+
+
+def test_migration_0003_keeps_finished_jobs_and_fails_unfinished_ones_saying_why(
+        database_url: str) -> None:
+    engine = make_engine(database_url)
+    migrate(engine, "0002")
+    jobs = sa.table("jobs", *(sa.column(c) for c in (
+        "id", "created_at", "updated_at", "status", "progress", "message", "plan_id", "error",
+        "cancel_requested")))
+    when = datetime(2026, 12, 1)
+    with engine.begin() as connection:
+        connection.execute(sa.insert(jobs), [
+            {"id": job_id, "created_at": when, "updated_at": when, "status": status,
+             "progress": 1.0 if status == "succeeded" else 0.5, "message": status,
+             "plan_id": "ab" * 16 if status == "succeeded" else None, "error": None,
+             "cancel_requested": False}
+            for job_id, status in [("a" * 32, "succeeded"), ("b" * 32, "running"),
+                                   ("c" * 32, "queued")]])
+    migrate(engine)
+    store = Store(engine)
+    done = store.get_job("a" * 32)
+    assert (done.status.value, done.plan_id, done.kind.value, done.attempts, done.owner) == (
+        "succeeded", "ab" * 16, "plan", 0, None)
+    for job_id in ("b" * 32, "c" * 32):
+        lost = store.get_job(job_id)
+        assert lost.status.value == "failed"
+        assert lost.error is not None and lost.error["error"] == "job_not_resumable"
+    _alembic(engine, "downgrade", "0002")
+    with engine.connect() as connection:
+        assert connection.execute(sa.select(sa.func.count()).select_from(jobs)).scalar() == 3
+    engine.dispose()
