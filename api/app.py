@@ -59,7 +59,8 @@ def create_app(settings: Settings | None = None, *, solver: Solver | None = None
     settings = settings or Settings()
     engine = engine or make_engine(settings.database_url)
     solver = solver or (ProcessSolver(max_memory_bytes=settings.max_search_memory_bytes,
-                                      max_idle=max(4, settings.solver_workers))
+                                      max_idle=max(4, settings.solver_workers),
+                                      niceness=settings.search_niceness)
                         if settings.solve_in_processes else _in_process_solver)
     store = Store(engine)
     metrics = Metrics()

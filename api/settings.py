@@ -75,6 +75,10 @@ class Settings(BaseSettings):
     max_search_memory_bytes: int = Field(default=8 * 2**30, ge=2**30)
     """Address space each search process may use (with `solve_in_processes`); a search
     that needs more is stopped and answered 422 `search_memory_exceeded`."""
+    search_niceness: int = Field(default=10, ge=0, le=19)
+    """How much lower than the server's the CPU priority of search processes is (with
+    `solve_in_processes`; `nice` increments, 0: the same): on a busy machine probes and
+    reads are answered first, and searches take what CPU is left."""
     max_pending_jobs: int = Field(default=32, ge=1)
     """Queued plus running jobs (of the whole service, in the database) above which new
     jobs get 503."""

@@ -18,6 +18,7 @@ caller as an `ApiError` with the same answer, since planner errors do not surviv
 from __future__ import annotations
 
 import multiprocessing
+import os
 import resource
 import threading
 import time
@@ -59,11 +60,14 @@ Search = Callable[[planner.Scenario, planner.SearchOptions], planner.PlanResult]
 """What runs in the child: `planner.plan`, or (tests) another module-level function."""
 
 
-def _serve(requests: Connection, search: Search, max_memory_bytes: int | None) -> None:
+def _serve(requests: Connection, search: Search, max_memory_bytes: int | None,
+           niceness: int) -> None:
     """A search process: answer (scenario, options) requests one at a time, until the
     server closes the pipe or kills it, or a search runs out of its memory."""
     if max_memory_bytes is not None:  # a search past it gets MemoryError, not the machine
         resource.setrlimit(resource.RLIMIT_AS, (max_memory_bytes, max_memory_bytes))
+    if niceness:  # the server's probes and reads come first when CPUs are short
+        os.nice(niceness)
     while True:
         try:
             scenario, options = requests.recv()
@@ -83,10 +87,11 @@ def _serve(requests: Connection, search: Search, max_memory_bytes: int | None) -
 
 
 class _SearchProcess:
-    def __init__(self, search: Search, max_memory_bytes: int | None) -> None:
+    def __init__(self, search: Search, max_memory_bytes: int | None, niceness: int) -> None:
         self.pipe, theirs = _CONTEXT.Pipe()
-        self.process = _CONTEXT.Process(target=_serve, args=(theirs, search, max_memory_bytes),
-                                        name="hetplan-search", daemon=True)
+        self.process = _CONTEXT.Process(
+            target=_serve, args=(theirs, search, max_memory_bytes, niceness),
+            name="hetplan-search", daemon=True)
         self.process.start()
         theirs.close()
 
@@ -101,13 +106,15 @@ class ProcessSolver:
     """A `Solver` running `search` (default `planner.plan`) in search processes: an idle
     one is reused (its imports and caches are warm), a new one forked when none is idle;
     one whose search overran or was cancelled is killed, and at most `max_idle` wait.
-    `max_memory_bytes` bounds each search process's address space (None: no bound)."""
+    `max_memory_bytes` bounds each search process's address space (None: no bound);
+    `niceness` lowers their CPU priority below the server's (0: the same)."""
 
     def __init__(self, search: Search = planner.plan, *, max_idle: int = 4,
-                 max_memory_bytes: int | None = None) -> None:
+                 max_memory_bytes: int | None = None, niceness: int = 0) -> None:
         self.search = search
         self.max_idle = max_idle
         self.max_memory_bytes = max_memory_bytes
+        self.niceness = niceness
         self._idle: list[_SearchProcess] = []
         self._lock = threading.Lock()
 
@@ -139,7 +146,7 @@ class ProcessSolver:
                 if worker.process.is_alive():
                     return worker
                 worker.stop()
-        return _SearchProcess(self.search, self.max_memory_bytes)
+        return _SearchProcess(self.search, self.max_memory_bytes, self.niceness)
 
     def _give_back(self, worker: _SearchProcess) -> None:
         with self._lock:

@@ -103,7 +103,8 @@ def worker(
                    f"{reason}") from None
     concurrency = concurrency or settings.solver_workers
     solver = ProcessSolver(max_memory_bytes=settings.max_search_memory_bytes,
-                           max_idle=concurrency)  # a warm search process per slot
+                           max_idle=concurrency,  # a warm search process per slot
+                           niceness=settings.search_niceness)
     start_search_server()
     jobs = Worker(store=Store(engine), solver=solver, metrics=Metrics(),
                   concurrency=concurrency,

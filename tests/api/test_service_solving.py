@@ -43,6 +43,10 @@ def pid_of_search(scenario: planner.Scenario, options: planner.SearchOptions) ->
     return os.getpid()
 
 
+def niceness_of_search(scenario: planner.Scenario, options: planner.SearchOptions) -> Any:
+    return os.nice(0)
+
+
 def pid_or_hang(scenario: planner.Scenario, options: planner.SearchOptions) -> Any:
     if options.time_limit_s < 1:
         runs_forever(scenario, options)
@@ -54,6 +58,20 @@ def test_an_idle_search_process_is_reused(scenario: planner.Scenario) -> None:
     first = solver(scenario, OPTIONS, None)
     assert solver(scenario, OPTIONS, None) == first != os.getpid()
     solver.close()
+
+
+def test_search_processes_run_below_the_server_cpu_priority(scenario: planner.Scenario
+                                                            ) -> None:
+    """Probes and reads come first on a busy machine: searches run `niceness` lower."""
+    own = os.nice(0)
+    lowered = ProcessSolver(niceness_of_search, niceness=7)  # type: ignore[arg-type]
+    same = ProcessSolver(niceness_of_search, niceness=0)  # type: ignore[arg-type]
+    try:
+        assert lowered(scenario, OPTIONS, None) == min(own + 7, 19)
+        assert same(scenario, OPTIONS, None) == own
+    finally:
+        lowered.close()
+        same.close()
 
 
 def test_a_search_process_that_overran_is_not_reused(scenario: planner.Scenario) -> None:
