@@ -756,9 +756,8 @@ def _general_memory(
     else:
         held = {c: sums[c].activation_bytes for c in mine}
         once = head_acts
-    order = stage_operations(s, len(pipeline.stages), pipeline.num_micro_batches, ctx.schedule,
-                             stage.num_chunks)
-    in_flight, peak = held_peak(order, held)
+    in_flight, peak = _stage_peak(s, len(pipeline.stages), pipeline.num_micro_batches,
+                                  ctx.schedule, stage.num_chunks, tuple(sorted(held.items())))
     params = sum(sums[c].params for c in mine)
     if head is not None:
         head_kind = scenario.job.local_head_kind
@@ -767,6 +766,15 @@ def _general_memory(
     return _StageMemory(in_flight=in_flight, peak_bytes=peak, once_bytes=once,
                         state_bytes=params / stage.tp * ctx.state_per_param,
                         reserved_gib=scenario.reserved_gib(stage.gpu_type))
+
+
+@functools.lru_cache(maxsize=4096)
+def _stage_peak(stage: int, num_stages: int, num_micro_batches: int, schedule: Schedule,
+                num_chunks: int, held: tuple[tuple[int, float], ...]) -> tuple[int, float]:
+    """`held_peak` over one stage's order: data-parallel replicas (and the variants a
+    search judges) repeat the same stages, and an interleaved order is m * v long."""
+    order = stage_operations(stage, num_stages, num_micro_batches, schedule, num_chunks)
+    return held_peak(order, dict(held))
 
 
 def _largest_activation(
