@@ -251,14 +251,11 @@ def _print_evaluation(evaluation: dict[str, Any]) -> None:
     if evaluation.get("iteration_s") is None:
         return
     table = Table(title="pipelines")
-    for column in ("#", "b x m", "stages (type tp [layers])", "T_p s", "max mem GiB / cap"):
+    for column in ("#", "b x m", r"stages (type tp \[layers])", "T_p s", "max mem GiB / cap"):
         table.add_column(column)
-    for p in evaluation["pipelines"]:
-        stages = ", ".join(_stage_summary(s) for s in p["stages"])
-        worst = max(p["stages"], key=lambda s: s["memory_gib"] / s["capacity_gib"])
-        table.add_row(str(p["index"]), f"{p['micro_batch_size']} x {p['num_micro_batches']}",
-                      stages, f"{p['T_p']:.3f}",
-                      f"{worst['memory_gib']:.1f} / {worst['capacity_gib']:g}")
+    for indices, cells in _pipeline_rows(evaluation["pipelines"]):
+        shown = str(indices[0]) if len(indices) == 1 else f"{indices[0]}-{indices[-1]}"
+        table.add_row(shown, *cells)
     console.print(table)
     efficiency = evaluation.get("efficiency")
     shown = "" if efficiency is None else f", efficiency {efficiency:.1%}"
@@ -268,6 +265,22 @@ def _print_evaluation(evaluation: dict[str, Any]) -> None:
     console.print(_price_summary(evaluation))
     for warning in evaluation.get("warnings") or []:
         console.print(f"[yellow]warning:[/yellow] {warning}")
+
+
+def _pipeline_rows(pipelines: list[dict[str, Any]]) -> list[tuple[list[int], tuple[str, ...]]]:
+    """One row per run of consecutive pipelines that read the same (a 512-GPU plan's
+    replicas), with their indices."""
+    rows: list[tuple[list[int], tuple[str, ...]]] = []
+    for p in pipelines:
+        worst = max(p["stages"], key=lambda s: s["memory_gib"] / s["capacity_gib"])
+        cells = (f"{p['micro_batch_size']} x {p['num_micro_batches']}",
+                 ", ".join(_stage_summary(s) for s in p["stages"]), f"{p['T_p']:.3f}",
+                 f"{worst['memory_gib']:.1f} / {worst['capacity_gib']:g}")
+        if rows and rows[-1][1] == cells and rows[-1][0][-1] == p["index"] - 1:
+            rows[-1][0].append(p["index"])
+        else:
+            rows.append(([p["index"]], cells))
+    return rows
 
 
 def _stage_summary(stage: dict[str, Any]) -> str:

@@ -150,3 +150,21 @@ def test_plan_for_an_unknown_launcher_names_the_known_ones() -> None:
     result = runner.invoke(app, ["plan", str(SCENARIO), "--launcher", "ray-train"])
     assert result.exit_code == 2
     assert "ray-train" in result.output and "megatron" in result.output
+
+
+def test_evaluate_summary_shows_identical_consecutive_pipelines_as_one_row(tmp_path: Path
+                                                                          ) -> None:
+    """A 512-GPU plan's replicas read as one row, `first-last`, not one row each."""
+    doc = json.loads(SCENARIO.read_text())
+    a100 = [n["name"] for n in doc["cluster"]["nodes"] if n["gpu_type"] == "A100-80G"]
+    one = {"micro_batch_size": 2, "num_micro_batches": 16, "stages": []}
+    plan = {"format": "hetplan-plan/1", "pipelines": [
+        {**one, "stages": [{"gpu_type": "A100-80G", "tp": 1, "gpus": [f"{node}:{g}"],
+                            "layers": [0, 26]}]}
+        for node in a100 for g in range(8)]}
+    plan["pipelines"][-1] |= {"micro_batch_size": 4, "num_micro_batches": 8}  # reads apart
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    result = runner.invoke(app, ["evaluate", str(SCENARIO), str(path)])
+    assert "0-14" in result.output and "│ 15 " in result.output
+    assert "[layers]" in result.output  # the header is not taken for markup
