@@ -92,19 +92,25 @@ def test_params_and_output_sizes_come_from_the_modules(tiny_rows: list[dict[str,
     assert local == {"params": layer_params(spec, "local_head"), "output_bytes_per_sample": 0}
 
 
-def test_rows_make_a_scenario_the_planner_accepts(tiny_rows: list[dict[str, Any]]) -> None:
+def _local_scenario(rows: list[dict[str, Any]], *, global_batch_size: int) -> dict[str, Any]:
+    """tiny-gpt on two CPU "GPUs" under schedule `local`, its profile rows `rows`."""
     spec = PRESETS["tiny-gpt"]
-    document = {
+    return {
         "gpu_types": {"cpu": {"memory_gib": 4}},
         "cluster": {"nodes": [{"name": "host", "gpu_type": "cpu", "gpus": 2}],
                     "intra_node": {"cpu": {"bandwidth_gb_per_s": 2, "latency_us": 50}},
                     "inter_node": {"bandwidth_gb_per_s": 1, "latency_us": 100}},
         "model": {"name": spec.name, "seq_len": spec.seq_len,
                   "layers": ["embedding", "block", "block", "head"],
-                  "kinds": kinds_from_rows(tiny_rows)},
-        "profiles": tiny_rows,
-        "job": {"global_batch_size": 8, "schedule": "local", "local_head_kind": "local_head"},
+                  "kinds": kinds_from_rows(rows)},
+        "profiles": rows,
+        "job": {"global_batch_size": global_batch_size, "schedule": "local",
+                "local_head_kind": "local_head"},
     }
+
+
+def test_rows_make_a_scenario_the_planner_accepts(tiny_rows: list[dict[str, Any]]) -> None:
+    document = _local_scenario(tiny_rows, global_batch_size=8)
     scenario = parse_scenario(document)
     assert len(scenario.profiles) == 16
 
@@ -113,18 +119,7 @@ def test_a_local_plan_is_estimated_from_the_measured_local_head_rows(
     tiny_rows: list[dict[str, Any]],
 ) -> None:
     """The rows of the head kind a local job names are what its stages' backwards add."""
-    spec = PRESETS["tiny-gpt"]
-    document = {
-        "gpu_types": {"cpu": {"memory_gib": 4}},
-        "cluster": {"nodes": [{"name": "host", "gpu_type": "cpu", "gpus": 2}],
-                    "intra_node": {"cpu": {"bandwidth_gb_per_s": 2, "latency_us": 50}},
-                    "inter_node": {"bandwidth_gb_per_s": 1, "latency_us": 100}},
-        "model": {"name": spec.name, "seq_len": spec.seq_len,
-                  "layers": ["embedding", "block", "block", "head"],
-                  "kinds": kinds_from_rows(tiny_rows)},
-        "profiles": tiny_rows,
-        "job": {"global_batch_size": 4, "schedule": "local", "local_head_kind": "local_head"},
-    }
+    document = _local_scenario(tiny_rows, global_batch_size=4)
     plan = {"format": "hetplan-plan/1", "schedule": "local", "pipelines": [
         {"micro_batch_size": 2, "num_micro_batches": 2, "stages": [
             {"gpu_type": "cpu", "tp": 1, "gpus": ["host:0"], "layers": [0, 2]},
