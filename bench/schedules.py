@@ -9,7 +9,7 @@ added by the rule those vectors state: params 2 * hidden^2, hidden = isqrt(block
 12), a row wherever the repeated block kind has one at 15% of its time and 10% of its
 activation bytes). Then planning time of (b) on scenarios scaled to --sizes GPUs, and the
 ratio local / 1F1B for one 4-stage pipeline on 4 GPUs (PPLL's setting).
-Usage: python bench/schedules.py [--time-limit S] [--sizes 512]
+Usage: python bench/schedules.py [--time-limit S] [--sizes 512] [--scenarios DIR]
 """
 
 from __future__ import annotations
@@ -51,11 +51,11 @@ def with_local_head(doc: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
-def local_document(name: str) -> tuple[dict[str, Any], str]:
-    vector = REFERENCE / f"{name}.local.json"
+def local_document(path: Path) -> tuple[dict[str, Any], str]:
+    vector = REFERENCE / f"{path.stem}.local.json"
     if vector.exists():
         return json.loads(vector.read_text()), "vector"
-    return with_local_head(json.loads((SCENARIOS / f"{name}.json").read_text())), "derived"
+    return with_local_head(json.loads(path.read_text())), "derived"
 
 
 def headroom_gib(evaluation: Evaluation) -> float:
@@ -83,17 +83,17 @@ def run(doc: dict[str, Any], time_limit: float, **options: Any) -> tuple[float, 
             shape(result.plan))
 
 
-def per_scenario(time_limit: float) -> None:
+def per_scenario(time_limit: float, folder: Path) -> None:
     print("| scenario | 1f1b samples/s | headroom GiB | plan s | +interleaved+recompute "
           "samples/s | gain | headroom GiB | plan s | local samples/s | vs 1f1b | headroom GiB "
           "| plan s | head |")
     print("|---|" + "---:|" * 12 + "---|")
     shapes = []
-    for path in sorted(SCENARIOS.glob("*.json")):
+    for path in sorted(folder.glob("*.json")):
         doc = json.loads(path.read_text())
         one = run(doc, time_limit)
         wide = run(doc, time_limit, **WIDENED)
-        local_doc, head = local_document(path.stem)
+        local_doc, head = local_document(path)
         local = run(local_doc, time_limit)
         print(f"| {path.stem} | {one[0]:.2f} | {one[1]:.1f} | {one[2]:.2f} | {wide[0]:.2f} | "
               f"{wide[0] / one[0]:.3f}x | {wide[1]:.1f} | {wide[2]:.2f} | {local[0]:.2f} | "
@@ -159,10 +159,14 @@ def main() -> None:
     parser.add_argument("--time-limit", type=float, default=10.0)
     parser.add_argument("--sizes", default="512")
     parser.add_argument("--skip", default="", help="comma-separated: scenarios,scale,ppll")
+    parser.add_argument("--scenarios", type=Path, default=SCENARIOS,
+                        help="folder of scenarios planned three ways (default: the shared "
+                             "generated ones in tests/data/scenarios; the measured ones are in "
+                             "../shared/scenarios/measured)")
     args = parser.parse_args()
     skip = set(args.skip.split(","))
     if "scenarios" not in skip:
-        per_scenario(args.time_limit)
+        per_scenario(args.time_limit, args.scenarios)
     if "scale" not in skip:
         at_scale([int(s) for s in args.sizes.split(",")], args.time_limit)
     if "ppll" not in skip:
