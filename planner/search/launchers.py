@@ -10,7 +10,7 @@ export accepts (`planner.export.expressible`), judged by the estimator.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from planner.documents import Plan, Scenario
 from planner.errors import Infeasible
@@ -28,9 +28,7 @@ LAUNCHER_GRID_DRAFTS = 64
 
 
 def check_launcher(launcher: str) -> None:
-    # The exports load only for searches that name a launcher (a one-shot `hetplan plan`
-    # pays every import).
-    from planner.export import FORMATS
+    from planner.export import FORMATS  # loaded only when a launcher is named (_refusals)
 
     if launcher not in FORMATS:
         raise ValueError(f"unknown launcher {launcher!r}; use one of {sorted(FORMATS)}")
@@ -66,14 +64,22 @@ def _grid_drafts(tables: ScenarioTables, templates: Sequence[PipelineTemplate], 
         yield identical_draft(tables, template, count, "identical pipelines")
 
 
-def runnable_by(scenario: Scenario, launcher: str, plan: Plan) -> bool:
-    """Whether the launcher format can run `plan` (interleaving or local learning, say,
-    are beyond some)."""
+def _refusals(scenario: Scenario, launcher: str) -> Callable[[Plan], str | None]:
+    """Why the launcher format cannot run a plan under `scenario`'s options (None: it can);
+    the options are read once."""
+    # The exports load only for searches that name a launcher (a one-shot `hetplan plan`
+    # pays every import).
     from planner.export import expressible, format_options, scenario_options
 
     known = format_options(launcher)
     options = {k: v for k, v in scenario_options(scenario).items() if k in known}
-    return expressible(plan, launcher, **options) is None
+    return lambda plan: expressible(plan, launcher, **options)
+
+
+def runnable_by(scenario: Scenario, launcher: str, plan: Plan) -> bool:
+    """Whether the launcher format can run `plan` (interleaving or local learning, say,
+    are beyond some)."""
+    return _refusals(scenario, launcher)(plan) is None
 
 
 def best_for_launcher(
@@ -81,14 +87,11 @@ def best_for_launcher(
 ) -> tuple[Candidate, Evaluation]:
     """The candidate of least simulated time that the launcher can run. Infeasible, with
     the best candidate's reasons, when it can run none."""
-    from planner.export import expressible, format_options, scenario_options
-
-    known = format_options(launcher)
-    options = {k: v for k, v in scenario_options(scenario).items() if k in known}
+    refusals = _refusals(scenario, launcher)
     runnable: list[Candidate] = []
     refusal = None
     for candidate in sorted(candidates, key=lambda c: c.quick_s):
-        reasons = expressible(candidate.plan, launcher, **options)
+        reasons = refusals(candidate.plan)
         if reasons is None:
             runnable.append(candidate)
             if len(runnable) >= finalists:

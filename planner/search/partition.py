@@ -168,11 +168,7 @@ class SuffixSweep:
         parameters per GPU. Many splits tie on the bottleneck (set by one slow stage, often
         one behind a slow link), and the heaviest stage sets the gradient sync: a second DP
         over the same stage matrices, each stage held to the bottleneck."""
-        return self.extract_light_many([num_stages])[num_stages]
-
-    def extract_light_many(self, depths: Sequence[int]) -> dict[int, Partition | None]:
-        """`extract_light` for several depths of this sweep at once."""
-        return extract_light_together([self], [depths])[0]
+        return extract_light_together([self], [[num_stages]])[0][num_stages]
 
     def _walk(self, num_stages: int, choices: Sequence[np.ndarray]) -> Partition:
         """The split that `choices` (per stage from the end, each start's end) give from 0."""
