@@ -325,8 +325,9 @@ def extract_light_together(
                              "micro-batches in flight: extract them one sweep at a time")
         ends, weight, fits = sweeps[used[0]]._band(spec)
         width = ends.shape[1]
-        costs = np.stack([sweeps[i].cost_matrices[k - 1].by_length[:, :width] for i in used])
-        slot = np.searchsorted(np.array(used), owner[going])
+        which, distinct = _distinct([sweeps[i].cost_matrices[k - 1] for i in used])
+        costs = np.stack([c.by_length[:, :width] for c in distinct])
+        slot = which[np.searchsorted(np.array(used), owner[going])]
         allowed = fits[None] & (costs[slot] <= limits[going])
         total = np.where(allowed, np.maximum(weight[None], heaviest[going][:, ends]), INF)
         pick = total.argmin(axis=2)
@@ -409,9 +410,7 @@ def _step_together(
     # Links in and out set each stage's times: a few distinct matrices among the sweeps.
     costs = [sweep._costs(s, sweep.specs[-1].link_in) for sweep, s in zip(sweeps, specs,
                                                                           strict=True)]
-    distinct = {id(c): c for c in costs}
-    slot = {key: n for n, key in enumerate(distinct)}
-    which = np.array([slot[id(c)] for c in costs])
+    which, distinct = _distinct(costs)
     fits = first._fits(spec)
     size = 2 * num_layers + 2
     if behind is None:
@@ -425,7 +424,7 @@ def _step_together(
     # Where no range fits at all, a column of infinity gives what `push` gives.
     width = max(min(int(longest.max()), top), 1)
     ends = _ends(num_layers)[:top, :width]
-    stage_s = np.stack([c.by_length[:top, :width] for c in distinct.values()])[which]
+    stage_s = np.stack([c.by_length[:top, :width] for c in distinct])[which]
     total = np.where(fits.by_length[:top, :width] >= in_flight[:, None, None],
                      np.maximum(stage_s, behind[:, ends]), INF)
     pick = total.argmin(axis=2)
@@ -442,6 +441,18 @@ def _step_together(
     rows = np.full((len(sweeps), size), INF)
     rows[:, :top] = best
     return rows, goes_on
+
+
+def _distinct(matrices: Sequence[_Matrices]) -> tuple[np.ndarray, list[_Matrices]]:
+    """The distinct matrices among `matrices` (cached ones repeat, by identity) and each
+    one's index among them: stacked once, gathered per sweep."""
+    index: dict[int, int] = {}
+    distinct: list[_Matrices] = []
+    for m in matrices:
+        if id(m) not in index:
+            index[id(m)] = len(distinct)
+            distinct.append(m)
+    return np.array([index[id(m)] for m in matrices]), distinct
 
 
 @functools.cache
