@@ -11,31 +11,14 @@ plan the whole fleet's search may return).
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import time
 from pathlib import Path
-from typing import Any
 
 from planner import SearchOptions, parse_scenario, plan
+from planner.fleet import node_subsets
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "scenarios"
-
-
-def parts(doc: dict[str, Any], field: str) -> list[tuple[tuple[str, ...], dict[str, Any]]]:
-    values = sorted({n.get(field) or "" for n in doc["cluster"]["nodes"]})
-    out = []
-    for count in range(1, len(values)):
-        for kept in itertools.combinations(values, count):
-            part = json.loads(json.dumps(doc))
-            part["cluster"]["nodes"] = [n for n in doc["cluster"]["nodes"]
-                                        if (n.get(field) or "") in kept]
-            zones = {n.get("zone") for n in part["cluster"]["nodes"]}
-            if "inter_zone" in doc["cluster"]:
-                part["cluster"]["inter_zone"] = [z for z in doc["cluster"]["inter_zone"]
-                                                 if set(z["zones"]) <= zones]
-            out.append((kept, part))
-    return out
 
 
 def main() -> None:
@@ -47,14 +30,15 @@ def main() -> None:
     print("| scenario | whole fleet samples/s | subsets planned | subsets faster than the whole |")
     print("|---|---|---|---|")
     for path in sorted([*SHARED.glob("*.json"), *(SHARED / "measured").glob("*.json")]):
-        doc = json.loads(path.read_text())
-        subsets = parts(doc, "gpu_type") + parts(doc, "zone")
+        scenario = parse_scenario(json.loads(path.read_text()))
+        subsets = (node_subsets(scenario, lambda node: node.gpu_type)
+                   + node_subsets(scenario, lambda node: node.zone or ""))
         if not subsets:
             continue
-        whole = plan(parse_scenario(doc), options).evaluation.samples_per_s or 0.0
+        whole = plan(scenario, options).evaluation.samples_per_s or 0.0
         faster = []
         for kept, part in subsets:
-            rate = plan(parse_scenario(part), options).evaluation.samples_per_s or 0.0
+            rate = plan(part, options).evaluation.samples_per_s or 0.0
             if rate > whole * 1.0005:
                 faster.append(f"{'+'.join(kept)} {rate / whole:.3f}x")
         print(f"| {path.stem} | {whole:.2f} | {len(subsets)} | {', '.join(faster) or 'none'} |",

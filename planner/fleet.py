@@ -33,7 +33,8 @@ from planner.search.api import ProgressCallback
 
 __all__ = [
     "Objective", "ObjectiveOptions", "BudgetNotMet", "Fleet", "FleetOutcome", "Mapper",
-    "Solve", "sub_fleets", "plan_fleet", "plan_fleet_with", "plan_fleets", "frontier", "choose",
+    "Solve", "sub_fleets", "node_subsets", "plan_fleet", "plan_fleet_with", "plan_fleets",
+    "frontier", "choose",
     "plan_with_objective", "on_whole_scenario", "check_prices",
     "NodesAdded", "NodesRemoved", "FleetVariant", "apply_variant", "WhatIfRow", "what_if",
 ]
@@ -120,6 +121,15 @@ def with_nodes(scenario: Scenario, nodes: list[Node]) -> Scenario:
     """`scenario` on other nodes (links and profiles unchanged), not yet validated."""
     return scenario.model_copy(update={"cluster": scenario.cluster.model_copy(
         update={"nodes": nodes})})
+
+
+def node_subsets(scenario: Scenario, key: Callable[[Node], str]
+                 ) -> list[tuple[tuple[str, ...], Scenario]]:
+    """`scenario` on the nodes of each proper, non-empty subset of the values `key` gives
+    its nodes (GPU types, zones), the rest left out; each with the values it keeps."""
+    values = sorted({key(n) for n in scenario.cluster.nodes})
+    return [(kept, with_nodes(scenario, [n for n in scenario.cluster.nodes if key(n) in kept]))
+            for count in range(1, len(values)) for kept in itertools.combinations(values, count)]
 
 
 def _nodes_by_type(scenario: Scenario) -> dict[str, list[Node]]:

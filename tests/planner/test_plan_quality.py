@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from planner import SearchOptions, evaluate, parse_plan, parse_scenario, plan
+from planner.fleet import node_subsets
 from planner.space_bound import space_bound
 from tests.planner.scenarios import tiny
 
@@ -289,20 +289,6 @@ def three_zones() -> dict[str, Any]:
     return doc
 
 
-def _parts(doc: dict[str, Any], field: str) -> Iterator[dict[str, Any]]:
-    """`doc` with the nodes of each proper subset of the values of `field` only."""
-    values = sorted({n[field] for n in doc["cluster"]["nodes"]})
-    for count in range(1, len(values)):
-        for kept in itertools.combinations(values, count):
-            part = json.loads(json.dumps(doc))
-            part["cluster"]["nodes"] = [n for n in doc["cluster"]["nodes"] if n[field] in kept]
-            if "inter_zone" in doc["cluster"]:
-                part["cluster"]["inter_zone"] = [
-                    z for z in doc["cluster"]["inter_zone"]
-                    if set(z["zones"]) <= {n.get("zone") for n in part["cluster"]["nodes"]}]
-            yield part
-
-
 @pytest.mark.parametrize(("doc", "field"), [
     (three_zones(), "zone"),
     (json.loads((DATA / "scenarios" / "l40sx16-a40x8-v32x16-t4x8-gpt2.7b.json").read_text()),
@@ -314,12 +300,12 @@ def test_the_whole_fleet_plans_at_least_as_fast_as_any_part_of_it(
     the search's plan for the nodes of some zones or GPU types only (rings across a slow
     inter-zone link, or a slow type's heavy stages, can cost more than those GPUs give)."""
     options = SearchOptions(time_limit_s=10)
-    whole = plan(parse_scenario(doc), options).evaluation.samples_per_s
+    scenario = parse_scenario(doc)
+    whole = plan(scenario, options).evaluation.samples_per_s
     assert whole is not None
-    for part in _parts(doc, field):
-        if field == "gpu_type" and len({n["gpu_type"] for n in part["cluster"]["nodes"]}) < 3:
+    for kept, part in node_subsets(scenario, lambda node: getattr(node, field) or ""):
+        if field == "gpu_type" and len(kept) < 3:
             continue  # all but one type is what a slow type left idle looks like
-        alone = plan(parse_scenario(part), options).evaluation.samples_per_s
+        alone = plan(part, options).evaluation.samples_per_s
         assert alone is not None
-        kept = sorted({n[field] for n in part["cluster"]["nodes"]})
         assert whole >= alone * 0.999, kept
