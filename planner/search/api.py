@@ -28,7 +28,8 @@ from planner.documents import Plan, Scenario, Schedule
 from planner.errors import Infeasible
 from planner.estimate import Evaluation, estimate_section, evaluate
 from planner.search.allocate import Allocation, allocate, pareto, prune
-from planner.search.baselines import baseline_candidates
+from planner.search.aside import Aside
+from planner.search.baselines import as_per_type, launcher_baselines, per_type_candidates
 from planner.search.diagnose import infeasibility_reason, no_plan_reason
 from planner.search.drafts import Candidate, Draft, best_realized, draft
 from planner.search.exact import TooLargeForExact, check_size, exact_optimum
@@ -189,6 +190,26 @@ def _plan(
     searched = base_scenario(scenario)
     tables = compile_tables(searched)
     _check_feasible(tables)
+    # The per-type baseline, the costliest, needs no template: started first, beside
+    # everything that follows.
+    with Aside(functools.partial(_judged_per_type, searched, tables), fork=_worth_forking(tables),
+               prepare=_with_plans) as per_type_ready:
+        return _searched(scenario, searched, tables, allowed, per_type_ready, options, started,
+                         report)
+
+
+def _searched(
+    scenario: Scenario,
+    searched: Scenario,
+    tables: ScenarioTables,
+    allowed: tuple[Schedule, ...],
+    per_type_ready: Aside[Judged],
+    options: SearchOptions,
+    started: float,
+    report: ProgressCallback,
+) -> PlanResult:
+    """The search proper, the baselines running beside it."""
+    local = scenario.job.schedule is Schedule.LOCAL
     report(0.05, "building pipeline templates")
     templates = generate_templates(tables, searched.job.schedule)
     if searched.job.zero_stage >= 1:
@@ -204,17 +225,17 @@ def _plan(
     if max_blocks is not None:
         templates = [t for t in templates if len(t.stages) <= max_blocks]
     templates = pareto(prune(templates), [c.key for c in tables.classes], num_pipelines=8)
-    # The baselines need no allocation: built and judged on the side, they take turns with
-    # it for the interpreter and run while CP-SAT solves (which releases it).
-    with ThreadPoolExecutor(max_workers=1) as side:
-        baselines_ready = side.submit(_judged_baselines, searched, tables, templates)
-        report(0.3, f"allocating GPUs over {len(templates)} pipeline templates")
-        candidates, proven = _allocation_candidates(tables, templates, options, started, report)
-        # Identical replicas of one template, at each count that splits the batch evenly:
-        # what one-grid launchers run, and at times what the allocation's linear model misses.
-        candidates.extend(launcher_candidates(tables, templates))
-        report(0.7, "building baselines")
-        baselines = baselines_ready.result()
+    report(0.3, f"allocating GPUs over {len(templates)} pipeline templates")
+    candidates, proven = _allocation_candidates(tables, templates, options, started, report)
+    # Identical replicas of one template, at each count that splits the batch evenly:
+    # what one-grid launchers run, and at times what the allocation's linear model misses.
+    candidates.extend(launcher_candidates(tables, templates))
+    report(0.7, "building baselines")
+    baselines = {name: _judged(searched, group)
+                 for name, group in launcher_baselines(tables).items()}
+    baselines["per_type"] = sorted(
+        per_type_ready.result() + [(as_per_type(c), e) for c, e in baselines["homogeneous"]],
+        key=lambda judged: judged[0].quick_s)
     candidates.extend(c for group in baselines.values() for c, _ in group)
     if local:
         # Only plans whose pipelines share their blocks are valid: give them one split.
@@ -492,13 +513,28 @@ def _judge_group(scenario: Scenario, group: list[Candidate], limit: int,
     return judged
 
 
-def _judged_baselines(
-    scenario: Scenario, tables: ScenarioTables, templates: list[PipelineTemplate]
-) -> dict[str, Judged]:
-    """Each baseline's placed candidates, its best few judged by the estimator."""
-    return {name: _judge_group(scenario, group, BASELINE_FINALISTS)
-            + [(c, None) for c in sorted(group, key=lambda c: c.quick_s)[BASELINE_FINALISTS:]]
-            for name, group in baseline_candidates(tables, templates).items()}
+def _judged(scenario: Scenario, group: list[Candidate]) -> Judged:
+    """A baseline's placed candidates, its best few judged by the estimator."""
+    return (_judge_group(scenario, group, BASELINE_FINALISTS)
+            + [(c, None) for c in sorted(group, key=lambda c: c.quick_s)[BASELINE_FINALISTS:]])
+
+
+def _judged_per_type(scenario: Scenario, tables: ScenarioTables) -> Judged:
+    return _judged(scenario, per_type_candidates(tables))
+
+
+def _with_plans(judged: Judged) -> Judged:
+    """The candidates with their plans built: what a forked child can send back."""
+    return [(Candidate.of(c.plan, quick_s=c.quick_s, origin=c.origin), e) for c, e in judged]
+
+
+FORK_FROM_GPUS = 128
+"""From this many GPUs, the per-type baseline runs in a forked child (when the process may fork):
+below, it takes less time than a fork and the pickling of its plans."""
+
+
+def _worth_forking(tables: ScenarioTables) -> bool:
+    return sum(c.num_gpus for c in tables.classes) >= FORK_FROM_GPUS
 
 
 def _judge(

@@ -20,27 +20,31 @@ from planner.search.per_type import class_options, per_type_choices
 from planner.search.tables import ResourceClass, ScenarioTables
 from planner.search.templates import PipelineTemplate, StageShape, TemplateContext, even_bounds
 
-__all__ = ["baseline_candidates"]
+__all__ = ["as_per_type", "launcher_baselines", "per_type_candidates"]
 
 KEEP = 6  # drafts of each baseline handed to the full estimator
 
 
-def baseline_candidates(
-    tables: ScenarioTables, templates: list[PipelineTemplate]
-) -> dict[str, list[Candidate]]:
-    """Placed candidates of each baseline, best first by the quick estimate."""
+def launcher_baselines(tables: ScenarioTables) -> dict[str, list[Candidate]]:
+    """Placed candidates of the `homogeneous` and `unaware` baselines, best first by the quick
+    estimate."""
     ctx = TemplateContext(tables, tables.scenario.job.schedule)
-    homogeneous = best_realized(tables, _homogeneous(ctx), KEEP)
-    # One type's identical pipelines with an even split are per-type plans too: the per-type
-    # baseline is never below the homogeneous one, whichever the quick estimates favour.
-    per_type = best_realized(tables, _per_type(ctx), KEEP) + [
-        Candidate(build=c.build, quick_s=c.quick_s, origin=c.origin.replace(
-            "homogeneous baseline", "per-type baseline (one type)")) for c in homogeneous]
-    return {
-        "homogeneous": homogeneous,
-        "unaware": best_realized(tables, _unaware(ctx), KEEP),
-        "per_type": sorted(per_type, key=lambda c: c.quick_s),
-    }
+    return {"homogeneous": best_realized(tables, _homogeneous(ctx), KEEP),
+            "unaware": best_realized(tables, _unaware(ctx), KEEP)}
+
+
+def per_type_candidates(tables: ScenarioTables) -> list[Candidate]:
+    """Placed candidates of the `per_type` baseline, best first by the quick estimate. One
+    type's identical pipelines with an even split are per-type plans too: `as_per_type`
+    adds the homogeneous baseline's, so that `per_type` is never below it."""
+    return best_realized(tables, _per_type(TemplateContext(tables, tables.scenario.job.schedule)),
+                         KEEP)
+
+
+def as_per_type(homogeneous: Candidate) -> Candidate:
+    return Candidate(build=homogeneous.build, quick_s=homogeneous.quick_s,
+                     origin=homogeneous.origin.replace("homogeneous baseline",
+                                                       "per-type baseline (one type)"))
 
 
 def _identical(

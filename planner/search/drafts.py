@@ -53,7 +53,11 @@ class Candidate:
 
     @staticmethod
     def of(plan: Plan, *, quick_s: float, origin: str) -> Candidate:
-        return Candidate(build=lambda: plan, quick_s=quick_s, origin=origin)
+        return Candidate(build=functools.partial(_given, plan), quick_s=quick_s, origin=origin)
+
+
+def _given(plan: Plan) -> Plan:
+    return plan
 
 
 def draft(tables: ScenarioTables, pipelines: Sequence[PipelineTemplate], origin: str) -> Draft | None:

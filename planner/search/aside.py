@@ -1,0 +1,98 @@
+"""Work done beside the search, on another CPU when the process may fork.
+
+The search is pure Python for most of its time: a second thread only takes turns with it
+for the interpreter. A forked child runs truly beside it, on what the parent already
+computed (no copy of its inputs is sent), and sends back its result. A fork is only
+taken where it is safe and pays:
+
+- the platform forks (`fork` start method) and the calling process runs no other Python
+  thread (a fork copies locks held by other threads, never their owners);
+- the work is large enough to repay a fork and the pickling of its result.
+
+Otherwise the work runs on a thread, as before. A child that fails or dies leaves the
+work to the parent: the result is the same either way, only slower.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from multiprocessing.connection import Connection
+from typing import Generic, TypeVar
+
+__all__ = ["Aside", "can_fork"]
+
+T = TypeVar("T")
+
+
+def can_fork() -> bool:
+    """Whether a forked child is safe here: a fork start method and no other Python thread."""
+    return ("fork" in multiprocessing.get_all_start_methods()
+            and threading.active_count() == 1)
+
+
+class Aside(Generic[T]):
+    """`work()` started now, in a forked child when `fork` is true and safe, else on a
+    thread; `result()` waits for it. A child applies `prepare` to the result before sending
+    it (to build what must cross the pipe, such as values computed on first use). Use as a
+    context manager: leaving it stops the child (a search cancelled or failed does not
+    leave it running)."""
+
+    def __init__(self, work: Callable[[], T], *, fork: bool,
+                 prepare: Callable[[T], T] | None = None) -> None:
+        self._work = work
+        self._process: multiprocessing.process.BaseProcess | None = None
+        self._reader: Connection | None = None
+        self._thread: ThreadPoolExecutor | None = None
+        self._future: Future[T] | None = None
+        if fork and can_fork():
+            context = multiprocessing.get_context("fork")
+            self._reader, writer = context.Pipe(duplex=False)
+            self._process = context.Process(target=_child, args=(work, prepare, writer), daemon=True)
+            self._process.start()
+            writer.close()
+        else:
+            self._thread = ThreadPoolExecutor(max_workers=1)
+            self._future = self._thread.submit(work)
+
+    def result(self) -> T:
+        if self._future is not None:
+            return self._future.result()
+        assert self._reader is not None and self._process is not None
+        try:
+            status, value = self._reader.recv()
+        except (EOFError, OSError):
+            status, value = "failed", None
+        self._process.join()
+        if status == "ok":
+            return value  # type: ignore[no-any-return]
+        return self._work()  # the child failed: the same work, here
+
+    def __enter__(self) -> Aside[T]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._thread is not None:
+            self._thread.shutdown(wait=True, cancel_futures=True)
+        if self._process is not None and self._process.is_alive():
+            self._process.kill()
+            self._process.join()
+        if self._reader is not None:
+            self._reader.close()
+
+
+def _child(work: Callable[[], T], prepare: Callable[[T], T] | None, writer: Connection) -> None:
+    try:
+        result = work()
+        outcome: tuple[str, object] = ("ok", result if prepare is None else prepare(result))
+    except BaseException as error:  # noqa: BLE001 - reported, the parent does the work
+        outcome = ("failed", repr(error))
+    try:
+        writer.send(outcome)
+    except Exception:  # noqa: BLE001 - an unpicklable result: the parent does the work
+        writer.send(("failed", "result could not be sent"))
+    writer.close()
+    os._exit(0)

@@ -1,0 +1,90 @@
+"""Work beside the search: a forked child where safe, a thread otherwise, one result."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from planner import SearchOptions, parse_scenario, plan
+from planner.documents import dump_document
+from planner.search import api
+from planner.search.aside import Aside, can_fork
+
+DATA = Path(__file__).parent.parent / "data"
+forks = pytest.mark.skipif(not can_fork(), reason="this platform or process cannot fork safely")
+
+
+def _pid() -> int:
+    return os.getpid()
+
+
+@forks
+def test_a_forked_child_does_the_work_and_sends_it_back() -> None:
+    with Aside(_pid, fork=True) as aside:
+        assert aside.result() != os.getpid()
+    with Aside(_pid, fork=False) as aside:
+        assert aside.result() == os.getpid()
+
+
+@forks
+def test_what_the_child_cannot_finish_the_parent_does() -> None:
+    parent = os.getpid()
+
+    def only_here() -> int:
+        if os.getpid() != parent:
+            raise RuntimeError("failing in the child")
+        return 7
+
+    with Aside(only_here, fork=True) as aside:
+        assert aside.result() == 7
+
+
+@forks
+def test_prepare_runs_in_the_child_before_sending() -> None:
+    with Aside(lambda: 1, fork=True, prepare=lambda x: (x, os.getpid())) as aside:
+        value, pid = aside.result()
+    assert value == 1 and pid != os.getpid()
+
+
+def test_no_fork_while_another_thread_runs() -> None:
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    try:
+        assert not can_fork()
+        with Aside(_pid, fork=True) as aside:
+            assert aside.result() == os.getpid()
+    finally:
+        stop.set()
+        other.join()
+
+
+@forks
+def test_leaving_early_stops_the_child() -> None:
+    with Aside(lambda: time.sleep(60), fork=True) as aside:
+        child = aside._process
+        assert child is not None and child.is_alive()
+    assert not child.is_alive()
+
+
+@forks
+def test_the_plan_is_the_same_with_the_baseline_forked_or_threaded(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    document = json.loads((DATA / "scenarios" / "a10x24-l4x24-gpt350m.json").read_text())
+    scenario = parse_scenario(document)
+    results = []
+    for threshold in (10**9, 1):  # a thread, then a forked child
+        monkeypatch.setattr(api, "FORK_FROM_GPUS", threshold)
+        results.append(plan(scenario, SearchOptions(time_limit_s=10)))
+    threaded, forked = results
+    assert forked.baselines == threaded.baselines
+    assert forked.evaluation.iteration_s == threaded.evaluation.iteration_s
+    strip = ("wall_s",)
+    assert ({k: v for k, v in dump_document(forked.plan)["search"].items() if k not in strip}
+            == {k: v for k, v in dump_document(threaded.plan)["search"].items() if k not in strip})
+    assert dump_document(forked.plan)["pipelines"] == dump_document(threaded.plan)["pipelines"]
