@@ -174,7 +174,9 @@ def _plan_locally(document: Any, time_limit_s: float, choice: ScheduleChoice,
 
     try:
         scenario = parse_scenario(document)
-        with Progress(console=stderr_console(), transient=True,
+        # Redrawn on each update, not by rich's refresh thread: a search runs part of its
+        # work in a forked child only when no other thread runs (planner/search/aside.py).
+        with Progress(console=stderr_console(), transient=True, auto_refresh=False,
                       disable=not show_progress) as bar:
             task = bar.add_task("planning", total=1.0)
             options = ObjectiveOptions(
@@ -183,7 +185,8 @@ def _plan_locally(document: Any, time_limit_s: float, choice: ScheduleChoice,
                 **{**goal, "objective": Objective(goal["objective"])})
             result = plan_with_objective(
                 scenario, options,
-                progress=lambda f, msg: bar.update(task, completed=f, description=msg))
+                progress=lambda f, msg: bar.update(task, completed=f, description=msg,
+                                                   refresh=True))
     except PlannerError as error:
         raise fail(str(error)) from None
     return dump_document(result.plan), _local_summary(result)
