@@ -15,8 +15,10 @@ work to the parent: the result is the same either way, only slower.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
+import signal
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -39,20 +41,26 @@ class Aside(Generic[T]):
     thread; `result()` waits for it. A child applies `prepare` to the result before sending
     it (to build what must cross the pipe, such as values computed on first use). Use as a
     context manager: leaving it stops the child (a search cancelled or failed does not
-    leave it running)."""
+    leave it running).
+
+    The child is forked with `os.fork`, not `multiprocessing.Process`, which refuses
+    children to daemonic processes such as the service's search processes. A search
+    process killed at its deadline leaves its child to finish its (bounded) work alone:
+    it then finds the pipe closed and exits."""
 
     def __init__(self, work: Callable[[], T], *, fork: bool,
                  prepare: Callable[[T], T] | None = None) -> None:
         self._work = work
-        self._process: multiprocessing.process.BaseProcess | None = None
+        self._pid: int | None = None
         self._reader: Connection | None = None
         self._thread: ThreadPoolExecutor | None = None
         self._future: Future[T] | None = None
         if fork and can_fork():
-            context = multiprocessing.get_context("fork")
-            self._reader, writer = context.Pipe(duplex=False)
-            self._process = context.Process(target=_child, args=(work, prepare, writer), daemon=True)
-            self._process.start()
+            self._reader, writer = multiprocessing.Pipe(duplex=False)
+            self._pid = os.fork()
+            if self._pid == 0:  # the child: never returns
+                self._reader.close()
+                _child(work, prepare, writer)
             writer.close()
         else:
             self._thread = ThreadPoolExecutor(max_workers=1)
@@ -61,15 +69,24 @@ class Aside(Generic[T]):
     def result(self) -> T:
         if self._future is not None:
             return self._future.result()
-        assert self._reader is not None and self._process is not None
+        assert self._reader is not None
         try:
             status, value = self._reader.recv()
         except (EOFError, OSError):
             status, value = "failed", None
-        self._process.join()
+        self._reap()
         if status == "ok":
             return value  # type: ignore[no-any-return]
         return self._work()  # the child failed: the same work, here
+
+    def _reap(self, *, kill: bool = False) -> None:
+        if self._pid is None:
+            return
+        if kill:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self._pid, signal.SIGKILL)
+        os.waitpid(self._pid, 0)
+        self._pid = None
 
     def __enter__(self) -> Aside[T]:
         return self
@@ -77,22 +94,23 @@ class Aside(Generic[T]):
     def __exit__(self, *exc: object) -> None:
         if self._thread is not None:
             self._thread.shutdown(wait=True, cancel_futures=True)
-        if self._process is not None and self._process.is_alive():
-            self._process.kill()
-            self._process.join()
+        self._reap(kill=True)
         if self._reader is not None:
             self._reader.close()
 
 
 def _child(work: Callable[[], T], prepare: Callable[[T], T] | None, writer: Connection) -> None:
+    """Run in the forked child: send the outcome, then leave without running the parent's
+    exit handlers (they belong to the parent's resources)."""
     try:
-        result = work()
-        outcome: tuple[str, object] = ("ok", result if prepare is None else prepare(result))
-    except BaseException as error:  # noqa: BLE001 - reported, the parent does the work
-        outcome = ("failed", repr(error))
-    try:
-        writer.send(outcome)
-    except Exception:  # noqa: BLE001 - an unpicklable result: the parent does the work
-        writer.send(("failed", "result could not be sent"))
-    writer.close()
-    os._exit(0)
+        try:
+            result = work()
+            outcome: tuple[str, object] = ("ok", result if prepare is None else prepare(result))
+        except BaseException as error:  # noqa: BLE001 - reported, the parent does the work
+            outcome = ("failed", repr(error))
+        try:
+            writer.send(outcome)
+        except Exception:  # noqa: BLE001 - unpicklable: the parent does the work
+            writer.send(("failed", "result could not be sent"))
+    finally:
+        os._exit(0)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -67,9 +69,29 @@ def test_no_fork_while_another_thread_runs() -> None:
 @forks
 def test_leaving_early_stops_the_child() -> None:
     with Aside(lambda: time.sleep(60), fork=True) as aside:
-        child = aside._process
-        assert child is not None and child.is_alive()
-    assert not child.is_alive()
+        child = aside._pid
+        assert child is not None
+        os.kill(child, 0)  # running
+    with pytest.raises(ProcessLookupError):
+        os.kill(child, 0)  # killed and reaped
+
+
+def _fork_from_a_daemon(answers: Any) -> None:
+    with Aside(_pid, fork=True) as aside:
+        answers.put((os.getpid(), aside.result()))
+
+
+@forks
+def test_a_daemonic_process_forks_too() -> None:
+    """The service's search processes are daemonic: multiprocessing would refuse them a
+    child, a plain fork does not."""
+    context = multiprocessing.get_context("fork")
+    answers = context.Queue()
+    daemon = context.Process(target=_fork_from_a_daemon, args=(answers,), daemon=True)
+    daemon.start()
+    parent, worker = answers.get(timeout=30)
+    daemon.join()
+    assert worker != parent
 
 
 @forks
