@@ -5,11 +5,11 @@ for the interpreter. A forked child runs truly beside it, on what the parent alr
 computed (no copy of its inputs is sent), and sends back its result. A fork is only
 taken where it is safe and pays:
 
-- the platform forks (`fork` start method) and the calling process runs no other Python
-  thread (a fork copies locks held by other threads, never their owners);
-- the work is large enough to repay a fork and the pickling of its result.
+- the platform is Linux and the calling process runs no other Python thread (a fork
+  copies locks held by other threads, never their owners);
+- the caller judges the work large enough to repay a fork and the pickling of its result.
 
-Otherwise the work runs on a thread, as before. A child that fails or dies leaves the
+Otherwise the work runs on a thread. A child that fails or dies leaves the
 work to the parent: the result is the same either way, only slower.
 """
 
@@ -19,6 +19,7 @@ import contextlib
 import multiprocessing
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -31,9 +32,9 @@ T = TypeVar("T")
 
 
 def can_fork() -> bool:
-    """Whether a forked child is safe here: a fork start method and no other Python thread."""
-    return ("fork" in multiprocessing.get_all_start_methods()
-            and threading.active_count() == 1)
+    """Whether a forked child is safe here: Linux (macOS system libraries are not safe to
+    use in a forked child, Windows has no fork) and no other Python thread."""
+    return sys.platform == "linux" and threading.active_count() == 1
 
 
 class Aside(Generic[T]):
