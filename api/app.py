@@ -23,7 +23,7 @@ from api.errors import install_error_handlers
 from api.jobs import JobQueue, Worker
 from api.limits import BodyLimitMiddleware
 from api.metrics import Metrics, MetricsMiddleware
-from api.route_table import flat_routes
+from api.route_table import add_routes, flat_routes
 from api.routes import ROUTERS, health
 from api.routes.docs import install_offline_docs
 from api.routes.ui import install_plan_viewer
@@ -107,9 +107,8 @@ def create_app(settings: Settings | None = None, *, solver: Solver | None = None
     install_error_handlers(app)
     install_offline_docs(app)
     install_plan_viewer(app)
-    app.include_router(health.router)
-    for router in ROUTERS:
-        app.include_router(router)
+    for router in (health.router, *ROUTERS):
+        add_routes(app, router)
     app.add_middleware(CachedPlanReads, cache=app.state.plan_cache, settings=settings,
                        route=_route(app, "get_plan"))
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
