@@ -1,10 +1,10 @@
 """Stored-plan reads answered from the plan cache before routing.
 
 A cached `GET /v1/plans/{id}` is the service's hottest request, and its answer is bytes
-already encoded. Routing it (FastAPI matches every included router's routes in Python)
-and solving its dependencies cost about four fifths of the server's CPU per read
-(measured in process with cProfile), so `CachedPlanReads` answers a cache hit itself,
-with the same status, headers and body as the route. Anything else (a miss, a token the
+already encoded. Routing it (FastAPI tries the routes in turn, in Python) and solving its
+dependencies cost about four fifths of the server's CPU per read (cProfile, in process:
+314 us a read through the routes, about 20 us here), so `CachedPlanReads` answers a cache
+hit itself, with the same status, headers and body as the route. Anything else (a miss, a token the
 route would refuse, another path or method) goes on to the app unchanged, so every
 error is still the route's own answer.
 """
@@ -24,7 +24,8 @@ from api.settings import Settings
 __all__ = ["CachedPlanReads"]
 
 _PLAN_PATH = re.compile(r"/v1/plans/([0-9a-f]+)")
-"""The path of `get_plan` (its `hexid` convertor); no other GET route takes such a path."""
+"""The path of `get_plan` (its `hexid` convertor); no other GET route takes such a path
+(a test checks)."""
 
 
 class CachedPlanReads:

@@ -33,7 +33,6 @@ class Metrics:
         self.queue_depth = Gauge("hetplan_jobs_pending",
                                  "Jobs running in this process's worker.",
                                  registry=self.registry)
-
         self._request_series: dict[tuple[str, str, str], tuple[Any, Any]] = {}
 
     def observe_request(self, method: str, route: str, status: str, seconds: float) -> None:

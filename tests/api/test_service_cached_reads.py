@@ -6,8 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
+from starlette.routing import Match
 
+from api.route_table import flat_routes
 from tests.api.conftest import MakeClient, fixed_solver
 
 TOKENS = {"up": ["upload"], "pl": ["plan"]}
@@ -65,3 +68,12 @@ def test_a_cached_read_asks_for_the_token_the_route_asks_for(
     assert client.get(path).status_code == (401 if read_requires_token else 200)
     assert client.get(path, headers={"Authorization": "Basic up"}).status_code == (
         401 if read_requires_token else 200)
+
+
+def test_no_other_get_route_answers_a_plan_path(client: TestClient) -> None:
+    """What lets the middleware answer `/v1/plans/<hex>` without routing it."""
+    scope = {"type": "http", "method": "GET", "path": "/v1/plans/" + "0123456789abcdef" * 2,
+             "root_path": ""}
+    matched = [route.operation_id for route in flat_routes(client.app.router.routes)
+               if isinstance(route, APIRoute) and route.matches(scope)[0] != Match.NONE]
+    assert matched == ["get_plan"]
