@@ -12,15 +12,18 @@ from typing import Any
 
 import sqlalchemy as sa
 from fastapi import FastAPI
+from fastapi.routing import APIRoute
 
 import planner
 from api.admission import InlineSolves
 from api.auth import openapi_as_configured
 from api.cache import LruCache
+from api.cached_reads import CachedPlanReads
 from api.errors import install_error_handlers
 from api.jobs import JobQueue, Worker
 from api.limits import BodyLimitMiddleware
 from api.metrics import Metrics, MetricsMiddleware
+from api.route_table import add_routes, flat_routes
 from api.routes import ROUTERS, health
 from api.routes.docs import install_offline_docs
 from api.routes.ui import install_plan_viewer
@@ -104,12 +107,18 @@ def create_app(settings: Settings | None = None, *, solver: Solver | None = None
     install_error_handlers(app)
     install_offline_docs(app)
     install_plan_viewer(app)
-    app.include_router(health.router)
-    for router in ROUTERS:
-        app.include_router(router)
+    for router in (health.router, *ROUTERS):
+        add_routes(app, router)
+    app.add_middleware(CachedPlanReads, cache=app.state.plan_cache, settings=settings,
+                       route=_route(app, "get_plan"))
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app
+
+
+def _route(app: FastAPI, operation_id: str) -> APIRoute:
+    return next(route for route in flat_routes(app.router.routes)
+                if isinstance(route, APIRoute) and route.operation_id == operation_id)
 
 
 def create_app_from_env() -> FastAPI:

@@ -29,6 +29,7 @@ __all__ = [
     "require",
     "authorize",
     "bearer_token",
+    "bearer_token_of",
     "required_scope",
     "openapi_as_configured",
 ]
@@ -83,7 +84,12 @@ class Requirement:
 
 def bearer_token(request: Request) -> str | None:
     """The token of an `Authorization: Bearer TOKEN` header, read as `HTTPBearer` does."""
-    scheme, token = get_authorization_scheme_param(request.headers.get("Authorization"))
+    return bearer_token_of(request.headers.get("Authorization"))
+
+
+def bearer_token_of(authorization: str | None) -> str | None:
+    """The token of an `Authorization` header's value, or None if it is not `Bearer`."""
+    scheme, token = get_authorization_scheme_param(authorization)
     return token if scheme.lower() == "bearer" and token else None
 
 

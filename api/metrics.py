@@ -33,6 +33,21 @@ class Metrics:
         self.queue_depth = Gauge("hetplan_jobs_pending",
                                  "Jobs running in this process's worker.",
                                  registry=self.registry)
+        self._request_series: dict[tuple[str, str, str], tuple[Any, Any]] = {}
+
+    def observe_request(self, method: str, route: str, status: str, seconds: float) -> None:
+        """Count and time one answered request. Each label set's series are looked up
+        once and kept (`labels()` costs more than the count itself on a cached read);
+        the label values are a fixed set, so this stays small."""
+        key = (method, route, status)
+        series = self._request_series.get(key)
+        if series is None:
+            series = (self.requests.labels(method=method, route=route, status=status),
+                      self.latency.labels(method=method, route=route))
+            self._request_series[key] = series
+        count, latency = series
+        count.inc()
+        latency.observe(seconds)
 
     def observe_solve(self, outcome: str, seconds: float) -> None:
         self.solves.labels(outcome=outcome).observe(seconds)
@@ -66,6 +81,5 @@ class MetricsMiddleware:
             # path_format: the template without convertors (`{plan_id}`, not `{plan_id:hexid}`)
             route = getattr(scope.get("route"), "path_format", _UNMATCHED)
             method = scope["method"] if scope["method"] in _METHODS else "other"
-            self.metrics.requests.labels(method=method, route=route, status=str(status)).inc()
-            self.metrics.latency.labels(method=method, route=route).observe(
-                time.perf_counter() - started)
+            self.metrics.observe_request(method, route, str(status),
+                                         time.perf_counter() - started)

@@ -198,6 +198,8 @@ def bench_database(kind: str, args: argparse.Namespace, folder: Path,
                 "POST", "/v1/evaluate", json.dumps({"scenario": scenario, "plan": plan}).encode()),
         }
         for operation, request in operations.items():
+            if args.operation and operation.split()[0].lower() not in args.operation:
+                continue
             if operation.startswith("POST") and not cache:
                 continue  # evaluation does not touch the plan cache: measured once
             for clients in args.clients:
@@ -274,6 +276,9 @@ def main() -> None:
     parser.add_argument("--workers", action="append", type=int)
     parser.add_argument("--no-cache-runs", action="store_true",
                         help="Also measure plan reads with the plan cache off.")
+    parser.add_argument("--operation", action="append", choices=["get", "post"],
+                        help="Only these operations (GET /v1/plans/{id}, POST "
+                             "/v1/evaluate); default both.")
     parser.add_argument("--duration-s", type=float, default=10.0)
     parser.add_argument("--max-requests", type=int, default=50_000)
     parser.add_argument("--first-answer-runs", type=int, default=5,

@@ -16,6 +16,8 @@ from fastapi.openapi.docs import (
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
+from api.route_table import add_routes
+
 __all__ = ["install_offline_docs", "ASSETS_URL"]
 
 ASSETS_URL = "/static/docs"
@@ -53,5 +55,5 @@ def install_offline_docs(app: FastAPI) -> None:
             redoc_js_url=f"{root}{ASSETS_URL}/redoc.standalone.js",
             redoc_favicon_url=f"{root}{ASSETS_URL}/favicon.png", with_google_fonts=False)
 
-    app.include_router(router)
+    add_routes(app, router)
     app.mount(ASSETS_URL, StaticFiles(directory=_assets_dir()), name="docs-assets")

@@ -13,6 +13,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.deps import ReadAuth, StoreDep
 from api.errors import InvalidRequest
+from api.route_table import add_routes
 from api.schemas import NAME_PATTERN
 from api.storage import Store
 from api.storage.store import PlanRecord
@@ -98,5 +99,5 @@ async def frontier(plans: PlanList, store: StoreDep, _: ReadAuth) -> HTMLRespons
 
 def install_plan_viewer(app: FastAPI) -> None:
     """Serve /ui/... and the plotly.js the plotly package ships."""
-    app.include_router(router)
+    add_routes(app, router)
     app.mount(PLOTLY_URL, StaticFiles(directory=plotly_js_dir()), name="plotly")
