@@ -324,16 +324,10 @@ def extract_light_together(
             raise ValueError(f"the sweeps' stages {k} from the end differ in point or "
                              "micro-batches in flight: extract them one sweep at a time")
         ends, weight, fits = sweeps[used[0]]._band(spec)
+        width = ends.shape[1]
         which, distinct = _distinct([sweeps[i].cost_matrices[k - 1] for i in used])
-        costs = np.stack([c.by_length[:, :ends.shape[1]] for c in distinct])
+        costs = np.stack([c.by_length[:, :width] for c in distinct])
         slot = which[np.searchsorted(np.array(used), owner[going])]
-        # A row held to a small bottleneck (a deep pipeline) only takes short ranges: sweep
-        # the lengths some row still going can take, not every length that fits.
-        shortest = np.where(fits[None], costs, INF).min(axis=1)  # per matrix and length
-        takes = (shortest[slot] <= limits[going][:, :, 0]).any(axis=0)
-        width = max(int(np.flatnonzero(takes)[-1]) + 1 if takes.any() else 1, 1)
-        ends, weight, fits, costs = (ends[:, :width], weight[:, :width], fits[:, :width],
-                                     costs[:, :, :width])
         allowed = fits[None] & (costs[slot] <= limits[going])
         total = np.where(allowed, np.maximum(weight[None], heaviest[going][:, ends]), INF)
         pick = total.argmin(axis=2)
