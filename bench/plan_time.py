@@ -3,8 +3,9 @@
 Scales shared scenarios by adding nodes (same types and zones, same shape),
 then times `plan` in fresh processes (the best and the median of --repeats
 runs: this VM's speed drifts by 20-40% from minute to minute) and reads the
-peak RSS (with the search's forked child's added). Each process also reports how long `import planner` took, which a
-one-shot CLI run pays on top and a running service pays once.
+peak RSS (the search's forked child's added). Each process also reports how long
+`import planner` took, which a one-shot CLI run pays on top and a running service
+pays once.
 With --schedules 1f1b,interleaved-1f1b --recompute the searches may also choose
 interleaving and recomputation (issue: planning time with the extra schedules allowed).
 Usage: python bench/plan_time.py [--sizes 64,512,4096,8192] [--time-limit S] [--repeats N]
