@@ -1,10 +1,15 @@
-"""Work beside the search: a forked child where safe, a thread otherwise, one result."""
+"""Work beside the search: a forked child where safe, a thread otherwise, one result.
+
+A test session runs threads of its own (apps with embedded workers), so no search forks
+in it: the checks that need a fork run in a fresh interpreter each (`_check_*`)."""
 
 from __future__ import annotations
 
 import json
 import multiprocessing
 import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -18,23 +23,21 @@ from planner.search import api
 from planner.search.aside import Aside, can_fork
 
 DATA = Path(__file__).parent.parent / "data"
-forks = pytest.mark.skipif(not can_fork(), reason="this platform or process cannot fork safely")
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _pid() -> int:
     return os.getpid()
 
 
-@forks
-def test_a_forked_child_does_the_work_and_sends_it_back() -> None:
+def _check_a_forked_child_does_the_work_and_sends_it_back() -> None:
     with Aside(_pid, fork=True) as aside:
         assert aside.result() != os.getpid()
     with Aside(_pid, fork=False) as aside:
         assert aside.result() == os.getpid()
 
 
-@forks
-def test_what_the_child_cannot_finish_the_parent_does() -> None:
+def _check_what_the_child_cannot_finish_the_parent_does() -> None:
     parent = os.getpid()
 
     def only_here() -> int:
@@ -46,8 +49,7 @@ def test_what_the_child_cannot_finish_the_parent_does() -> None:
         assert aside.result() == 7
 
 
-@forks
-def test_prepare_runs_in_the_child_before_sending() -> None:
+def _check_prepare_runs_in_the_child_before_sending() -> None:
     with Aside(lambda: 1, fork=True, prepare=lambda x: (x, os.getpid())) as aside:
         value, pid = aside.result()
     assert value == 1 and pid != os.getpid()
@@ -66,8 +68,7 @@ def test_no_fork_while_another_thread_runs() -> None:
         other.join()
 
 
-@forks
-def test_leaving_early_stops_the_child() -> None:
+def _check_leaving_early_stops_the_child() -> None:
     with Aside(lambda: time.sleep(60), fork=True) as aside:
         child = aside._pid
         assert child is not None
@@ -81,8 +82,7 @@ def _fork_from_a_daemon(answers: Any) -> None:
         answers.put((os.getpid(), aside.result()))
 
 
-@forks
-def test_a_daemonic_process_forks_too() -> None:
+def _check_a_daemonic_process_forks_too() -> None:
     """The service's search processes are daemonic: multiprocessing would refuse them a
     child, a plain fork does not."""
     context = multiprocessing.get_context("fork")
@@ -94,14 +94,12 @@ def test_a_daemonic_process_forks_too() -> None:
     assert worker != parent
 
 
-@forks
-def test_the_plan_is_the_same_with_the_baseline_forked_or_threaded(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def _check_the_plan_is_the_same_with_the_baseline_forked_or_threaded() -> None:
     document = json.loads((DATA / "scenarios" / "a10x24-l4x24-gpt350m.json").read_text())
     scenario = parse_scenario(document)
     results = []
     for threshold in (10**9, 1):  # a thread, then a forked child
-        monkeypatch.setattr(api, "FORK_FROM_GPUS", threshold)
+        api.FORK_FROM_GPUS = threshold
         results.append(plan(scenario, SearchOptions(time_limit_s=10)))
     threaded, forked = results
     assert forked.baselines == threaded.baselines
@@ -110,3 +108,13 @@ def test_the_plan_is_the_same_with_the_baseline_forked_or_threaded(
     assert ({k: v for k, v in dump_document(forked.plan)["search"].items() if k not in strip}
             == {k: v for k, v in dump_document(threaded.plan)["search"].items() if k not in strip})
     assert dump_document(forked.plan)["pipelines"] == dump_document(threaded.plan)["pipelines"]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="searches fork on Linux only")
+@pytest.mark.parametrize("check", sorted(name for name in dir() if name.startswith("_check_")))
+def test_in_a_fresh_interpreter(check: str) -> None:
+    code = ("from planner.search.aside import can_fork; assert can_fork(); "
+            f"from tests.planner import test_aside; test_aside.{check}()")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
