@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
 import planner
-from api.admission import InlineSolves
+from api.admission import InlineSolves, RefuseWhenFull
 from api.auth import openapi_as_configured
 from api.cache import LruCache
 from api.cached_reads import CachedPlanReads
@@ -109,6 +109,8 @@ def create_app(settings: Settings | None = None, *, solver: Solver | None = None
     install_plan_viewer(app)
     for router in (health.router, *ROUTERS):
         add_routes(app, router)
+    app.add_middleware(RefuseWhenFull, solves=app.state.inline_solves, settings=settings,
+                       route=_route(app, "create_plan"))
     app.add_middleware(CachedPlanReads, cache=app.state.plan_cache, settings=settings,
                        route=_route(app, "get_plan"))
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
