@@ -65,7 +65,7 @@ def create_app(settings: Settings | None = None, *, solver: Solver | None = None
                                       max_idle=max(4, settings.solver_workers),
                                       niceness=settings.search_niceness)
                         if settings.solve_in_processes else _in_process_solver)
-    store = Store(engine)
+    store = Store(engine, cache_bytes=settings.catalogue_cache_bytes)
     metrics = Metrics()
     worker = Worker(store=store, solver=solver, metrics=metrics,
                     concurrency=settings.solver_workers, lease_s=settings.job_lease_s,
