@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
 import planner
-from api.admission import InlineSolves
+from api.admission import InlineSolves, RefuseWhenFull
 from api.auth import openapi_as_configured
 from api.cache import LruCache
 from api.cached_reads import CachedPlanReads
@@ -65,7 +65,7 @@ def create_app(settings: Settings | None = None, *, solver: Solver | None = None
                                       max_idle=max(4, settings.solver_workers),
                                       niceness=settings.search_niceness)
                         if settings.solve_in_processes else _in_process_solver)
-    store = Store(engine)
+    store = Store(engine, cache_bytes=settings.catalogue_cache_bytes)
     metrics = Metrics()
     worker = Worker(store=store, solver=solver, metrics=metrics,
                     concurrency=settings.solver_workers, lease_s=settings.job_lease_s,
@@ -109,6 +109,8 @@ def create_app(settings: Settings | None = None, *, solver: Solver | None = None
     install_plan_viewer(app)
     for router in (health.router, *ROUTERS):
         add_routes(app, router)
+    app.add_middleware(RefuseWhenFull, solves=app.state.inline_solves, settings=settings,
+                       route=_route(app, "create_plan"))
     app.add_middleware(CachedPlanReads, cache=app.state.plan_cache, settings=settings,
                        route=_route(app, "get_plan"))
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)

@@ -67,6 +67,7 @@ __all__ = [
     "error_body",
     "error_status",
     "error_headers",
+    "error_response",
     "install_error_handlers",
     "json_safe",
 ]
@@ -274,10 +275,15 @@ def _with_a_problem(body: dict[str, Any], status: int, request: Request) -> dict
     return body
 
 
-async def _on_api_error(request: Request, error: Exception) -> JSONResponse:
+def error_response(request: Request, error: Exception) -> JSONResponse:
+    """The answer to an `ApiError` or planner error raised while serving `request`."""
     status = error_status(error)
     return JSONResponse(_with_a_problem(error_body(error), status, request), status_code=status,
                         headers=error_headers(error))
+
+
+async def _on_api_error(request: Request, error: Exception) -> JSONResponse:
+    return error_response(request, error)
 
 
 async def _on_validation_error(request: Request, error: Exception) -> JSONResponse:

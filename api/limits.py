@@ -10,7 +10,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from api.errors import BodyTooLarge, error_body
 from planner.errors import Problem
 
-__all__ = ["BodyLimitMiddleware"]
+__all__ = ["BodyLimitMiddleware", "replaying"]
 
 
 class BodyLimitMiddleware:
@@ -43,17 +43,7 @@ class BodyLimitMiddleware:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
-        body = b"".join(chunks)
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
+        await self.app(scope, replaying(b"".join(chunks), receive), send)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
         error = BodyTooLarge(f"the request body is larger than this server's limit of "
@@ -64,3 +54,18 @@ class BodyLimitMiddleware:
         response: Any = JSONResponse(error_body(error), status_code=413,
                                      headers={"Connection": "close"})
         await response(scope, receive, send)
+
+
+def replaying(body: bytes, receive: Receive) -> Receive:
+    """A `receive` that hands the app `body` (already read) whole, then the client's own
+    messages (a disconnect)."""
+    replayed = False
+
+    async def replay() -> Message:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay

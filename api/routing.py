@@ -26,7 +26,7 @@ from fastapi.routing import APIRoute
 
 from api.auth import authorize, bearer_token, required_scope
 
-__all__ = ["CheckedRoute", "first_unstorable_value"]
+__all__ = ["CheckedRoute", "first_unstorable_value", "is_json", "unstorable_value_in"]
 
 _MAYBE_UNSTORABLE = re.compile(rb"NaN|Infinity|\\u[dD][89abcdefABCDEF]|[eE]\+?\d{3}|\d{300}")
 """Byte patterns without which the decoded body cannot hold a non-finite number (NaN,
@@ -54,6 +54,12 @@ def first_unstorable_value(document: Any) -> tuple[tuple[str | int, ...], str, A
     return None
 
 
+def unstorable_value_in(body: bytes, document: Any) -> tuple[tuple[str | int, ...], str, Any] | None:
+    """`first_unstorable_value(document)` of a body decoded from `body`, skipping the walk
+    when the bytes cannot hold one."""
+    return first_unstorable_value(document) if _MAYBE_UNSTORABLE.search(body) else None
+
+
 def _is_unicode(text: str) -> bool:
     try:
         text.encode("utf-8")
@@ -62,7 +68,8 @@ def _is_unicode(text: str) -> bool:
     return True
 
 
-def _is_json(request: Request) -> bool:
+def is_json(request: Request) -> bool:
+    """Whether the request says its body is JSON (`application/json` or `...+json`)."""
     content_type = request.headers.get("content-type")
     if not content_type:
         return False
@@ -75,18 +82,17 @@ def _is_json(request: Request) -> bool:
 
 async def _check_body(request: Request) -> None:
     body = await request.body()
-    if not body or not _is_json(request):
+    if not body or not is_json(request):
         return
     try:
         document = json.loads(body)
     except (ValueError, RecursionError):  # FastAPI answers these itself
         return
-    if _MAYBE_UNSTORABLE.search(body):
-        found = first_unstorable_value(document)
-        if found is not None:
-            path, reason, value = found
-            raise RequestValidationError([{"type": "value_error", "loc": ("body", *path),
-                                           "msg": reason, "input": value}])
+    found = unstorable_value_in(body, document)
+    if found is not None:
+        path, reason, value = found
+        raise RequestValidationError([{"type": "value_error", "loc": ("body", *path),
+                                       "msg": reason, "input": value}])
     request._json = document  # noqa: SLF001 - starlette's cache: FastAPI decodes it once
 
 

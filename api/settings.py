@@ -93,6 +93,10 @@ class Settings(BaseSettings):
     plan_cache_bytes: int = Field(default=64 * 2**20, ge=0)
     """Memory for stored plans kept encoded per process (plans are immutable, so caching
     is safe); least recently read plans are dropped first, 0 turns the cache off."""
+    catalogue_cache_bytes: int = Field(default=16 * 2**20, ge=0)
+    """Memory for the points of profile versions and the links of link versions kept per
+    process for assembling plan requests (a stored version never changes, so caching is
+    safe; which version is the newest is read every time); 0 turns the cache off."""
     migrate_on_startup: bool = True
     """Run Alembic's upgrade to the newest schema when the app starts."""
 

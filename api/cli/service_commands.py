@@ -106,8 +106,8 @@ def worker(
                            max_idle=concurrency,  # a warm search process per slot
                            niceness=settings.search_niceness)
     start_search_server()
-    jobs = Worker(store=Store(engine), solver=solver, metrics=Metrics(),
-                  concurrency=concurrency,
+    store = Store(engine, cache_bytes=settings.catalogue_cache_bytes)
+    jobs = Worker(store=store, solver=solver, metrics=Metrics(), concurrency=concurrency,
                   lease_s=settings.job_lease_s, poll_s=settings.job_poll_s,
                   max_attempts=settings.max_job_attempts)
     stopped = threading.Event()

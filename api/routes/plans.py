@@ -74,11 +74,7 @@ async def create(body: Annotated[schemas.PlanRequest, Body(openapi_examples=open
     server's `max_time_limit_s` are capped (`options.time_limit_s` in the answer).
     Beyond `max_inline_solves` running inline searches the answer is 503 with
     `Retry-After`; beyond `max_plan_layers` or `max_plan_gpus`, 422 `scenario_too_large`."""
-    asked = body.options
-    options = planning.with_goal(planning.effective_options(
-        asked.time_limit_s, asked.exact, settings, schedules=asked.schedules or (),
-        recompute=asked.recompute, max_local_blocks=asked.max_local_blocks,
-        launcher=asked.launcher), asked)
+    options = planning.plan_options(body.options, settings)
 
     @functools.cache
     def assembled() -> Assembled:
@@ -90,7 +86,7 @@ async def create(body: Annotated[schemas.PlanRequest, Body(openapi_examples=open
     if planning.has_goal(options):  # its sub-fleets are counted on the scenario
         budget_s = await run_in_threadpool(
             lambda: planning.search_budget_s(assembled().scenario, options))
-    if job or budget_s > settings.sync_solve_threshold_s:
+    if job or not planning.answers_inline(budget_s, settings):
         record = await run_in_threadpool(lambda: runner.submit(
             JobKind.PLAN, job_request(assembled(), options)))
         public = schemas.JobPublic.model_validate(record, from_attributes=True)

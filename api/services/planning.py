@@ -25,7 +25,9 @@ __all__ = [
     "Solver",
     "effective_options",
     "with_goal",
+    "plan_options",
     "has_goal",
+    "answers_inline",
     "search_budget_s",
     "check_size",
     "solve_and_store",
@@ -67,9 +69,23 @@ def with_goal(options: planner.SearchOptions,
     return goal if goal.needs_fleets else options
 
 
+def plan_options(requested: schemas.PlanOptions, settings: Settings) -> planner.SearchOptions:
+    """The options a plan request is searched with: its own, capped by the server, and its
+    goal in money when it has one."""
+    return with_goal(effective_options(
+        requested.time_limit_s, requested.exact, settings, schedules=requested.schedules or (),
+        recompute=requested.recompute, max_local_blocks=requested.max_local_blocks,
+        launcher=requested.launcher), requested)
+
+
 def has_goal(options: planner.SearchOptions) -> bool:
     """Whether the options carry a goal in money (planned over sub-fleets)."""
     return isinstance(options, ObjectiveOptions)
+
+
+def answers_inline(budget_s: float, settings: Settings) -> bool:
+    """Whether a search that may run `budget_s` is answered inline (201), not as a job."""
+    return budget_s <= settings.sync_solve_threshold_s
 
 
 def search_budget_s(scenario: planner.Scenario, options: planner.SearchOptions) -> float:

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
+from api.cache import LruCache
 from api.errors import IdempotencyKeyReused, NotFound, UploadCollision
 from api.storage import tables as t
 from api.storage.db import write_transaction
@@ -227,8 +228,16 @@ def _utc(value: datetime) -> datetime:
 class Store:
     """Typed access to the database behind `engine` (SQLite or PostgreSQL)."""
 
-    def __init__(self, engine: sa.Engine) -> None:
+    def __init__(self, engine: sa.Engine, *, cache_bytes: int = 16 * 2**20) -> None:
+        """`cache_bytes`: memory for the points of profile versions and the links of link
+        versions read here (see `_rows_of_set`)."""
         self.engine = engine
+        self._rows_of_set: LruCache[tuple[Any, ...]] = LruCache(cache_bytes,
+                                                                size_of=_estimated_bytes)
+        """Points of a profile version and links of a link version, by the version's id:
+        committed, they never change (a new upload is a new version with a new id, and
+        nothing is deleted), so reads may keep them. The version rows themselves, and so
+        which version is the newest, are read from the database every time."""
 
     def ping(self) -> None:
         """Raise if the database cannot answer a trivial query."""
@@ -375,7 +384,13 @@ class Store:
                  else query.order_by(t.profile_sets.c.version.desc()).limit(1))
         with self.engine.connect() as connection:
             row = connection.execute(query).first()
-            return None if row is None else self._profile_set(connection, row)
+            if row is None:
+                return None
+            points = self._rows_of_set.get(("profiles", row.id))
+            if points is None:
+                points = tuple(self._profile_points(connection, row))
+                self._rows_of_set.put(("profiles", row.id), points)
+            return self._profile_set(connection, row, points=points)
 
     def list_profile_sets(self, *, model: str | None = None, gpu_type: str | None = None,
                           newest_only: bool = False, limit: int = 100, offset: int = 0
@@ -405,9 +420,11 @@ class Store:
 
     def _profile_set(self, connection: sa.Connection, row: sa.Row[Any], *,
                      replayed: bool = False, with_rows: bool = True, limit: int | None = None,
-                     offset: int = 0) -> ProfileSetRecord:
-        points = (tuple(self._profile_points(connection, row, limit=limit, offset=offset))
-                  if with_rows else ())
+                     offset: int = 0, points: tuple[ProfilePoint, ...] | None = None
+                     ) -> ProfileSetRecord:
+        if points is None:
+            points = (tuple(self._profile_points(connection, row, limit=limit, offset=offset))
+                      if with_rows else ())
         return ProfileSetRecord(
             id=row.id, model=row.model, gpu_type=row.gpu_type, version=row.version,
             source=row.source, row_count=row.row_count, uploaded_count=row.uploaded_count,
@@ -527,14 +544,22 @@ class Store:
                  else query.order_by(t.link_sets.c.version.desc()).limit(1))
         with self.engine.connect() as connection:
             row = connection.execute(query).first()
-            return None if row is None else self._link_set(connection, row)
+            if row is None:
+                return None
+            links = self._rows_of_set.get(("links", row.id))
+            if links is None:
+                links = tuple(self._link_rows(connection, row.id))
+                self._rows_of_set.put(("links", row.id), links)
+            return self._link_set(connection, row, links=links)
 
     def _link_set(self, connection: sa.Connection, row: sa.Row[Any], *,
-                  replayed: bool = False) -> LinkSetRecord:
+                  replayed: bool = False, links: tuple[LinkRow, ...] | None = None
+                  ) -> LinkSetRecord:
         return LinkSetRecord(
             id=row.id, version=row.version, row_count=row.row_count,
             uploaded_count=row.uploaded_count, replaced_count=row.replaced_count,
-            created_at=_utc(row.created_at), links=tuple(self._link_rows(connection, row.id)),
+            created_at=_utc(row.created_at),
+            links=tuple(self._link_rows(connection, row.id)) if links is None else links,
             replayed=replayed)
 
     @staticmethod
@@ -738,6 +763,15 @@ class Store:
             return {name: int(connection.execute(
                 sa.select(sa.func.count()).select_from(t.metadata.tables[name])).scalar() or 0)
                 for name in tables}
+
+
+_ROW_BYTES = 512
+"""Memory of one cached profile point or link, rounded up (tracemalloc: about 330 and 400
+bytes)."""
+
+
+def _estimated_bytes(rows: tuple[Any, ...]) -> int:
+    return _ROW_BYTES * max(1, len(rows))
 
 
 def _newest_rows(sets: sa.ColumnElement[bool], partition: list[Any]) -> sa.Subquery:

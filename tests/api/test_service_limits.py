@@ -4,6 +4,7 @@ bytes."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from typing import Any
@@ -139,3 +140,79 @@ def test_replacing_a_cached_value_counts_its_bytes_once() -> None:
     cache.put("a", b"a" * 60)
     cache.put("a", b"a" * 30)
     assert cache.size_bytes == 30
+
+
+def _answer(response: Any) -> tuple[int, dict[str, str], Any]:
+    """Status, headers and body, less what differs between two jobs (id, times)."""
+    volatile = ("id", "created_at", "updated_at")
+    headers = {k: v for k, v in response.headers.items()
+               if k not in ("date", "server", "location")}
+    if response.status_code != 202:
+        return response.status_code, headers, response.content
+    return response.status_code, headers, {k: v for k, v in response.json().items()
+                                           if k not in volatile}
+
+
+FULL_SERVER_REQUESTS: dict[str, tuple[dict[str, str], Any]] = {
+    "inline plan": ({}, {"scenario": "SCENARIO"}),
+    "pieces not stored (assembled only when searched)": ({}, {"cluster": "none",
+                                                             "model": "none", "job": {}}),
+    "invalid options": ({}, {"scenario": "SCENARIO", "options": {"time_limit_s": "soon"}}),
+    "unknown field": ({}, {"scenario": "SCENARIO", "colour": "red"}),
+    "NaN in the scenario": ({}, b'{"scenario": {"model": {"seq_len": NaN}}}'),
+    "not JSON": ({}, b"{"),
+    "a JSON list": ({}, []),
+    "not declared JSON": ({"content-type": "text/plain"}, b'{"scenario": {}}'),
+    "time limit above sync_solve_threshold_s (a job)": (
+        {}, {"scenario": "SCENARIO", "options": {"time_limit_s": 9}}),
+    "goal in money (budget from the scenario)": (
+        {}, {"scenario": "SCENARIO", "options": {"objective": "cost"}}),
+    "no token": ({"authorization": ""}, {"scenario": "SCENARIO"}),
+    "token without the plan scope": ({"authorization": "Bearer up"}, {"scenario": "SCENARIO"}),
+}
+
+
+@pytest.mark.parametrize("case", FULL_SERVER_REQUESTS)
+def test_a_full_server_answers_every_plan_request_as_the_route_does(
+        make_client: MakeClient, scenario: dict[str, Any], plan_document: dict[str, Any],
+        case: str) -> None:
+    """`RefuseWhenFull` answers before routing only what the route would refuse, with its
+    answer: each request here gets the same answer as through the route (`?job=false`
+    skips the early refusal and changes nothing else)."""
+    started, release = threading.Event(), threading.Event()
+    tokens = {"pl": ["plan"], "up": ["upload"]}
+    client = make_client(solver=held_solver(plan_document, started, release),
+                         max_inline_solves=1, tokens=tokens, sync_solve_threshold_s=5)
+    client.headers["authorization"] = "Bearer pl"
+    headers, body = FULL_SERVER_REQUESTS[case]
+    headers = {"content-type": "application/json", **headers}
+    if not isinstance(body, bytes):
+        body = json.dumps(body).replace('"SCENARIO"', json.dumps(scenario)).encode()
+    solves = client.app.state.inline_solves  # type: ignore[attr-defined]
+    through_route = 0
+    route_run = solves.run
+
+    async def counted_run(work: Any) -> Any:
+        nonlocal through_route
+        through_route += 1
+        return await route_run(work)
+
+    thread, _ = post_in_background(client, {"scenario": scenario})
+    try:
+        assert started.wait(10)
+        solves.run = counted_run
+        early = client.post("/v1/plans", content=body, headers=headers)
+        routed_before = through_route
+        routed = client.post("/v1/plans?job=false", content=body, headers=headers)
+    finally:
+        release.set()
+        thread.join(30)
+    assert _answer(early) == _answer(routed)
+    if case == "inline plan":
+        assert early.status_code == 503 and early.json()["error"] == "overloaded"
+        assert routed_before == 0 and through_route == 1  # refused before the route, then by it
+        counted = ('hetplan_http_requests_total{method="POST",route="/v1/plans",status="503"} '
+                   "2.0")
+        assert counted in client.get("/metrics").text  # under the route's template, both
+    else:
+        assert early.status_code != 503 or routed_before == 1

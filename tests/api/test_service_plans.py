@@ -80,6 +80,42 @@ def test_plan_records_pinned_profile_versions(make_client: MakeClient,
     assert pinned["sources"]["profiles"]["A100-80G"] == {"id": 1, "version": 1}
 
 
+def test_plans_from_stored_pieces_use_every_newer_upload_of_any_server(
+        make_client: MakeClient, scenario: dict[str, Any], plan_document: dict[str, Any]) -> None:
+    """The points of a profile version and the links of a link version are cached per
+    process (a version never changes); what is newest must still be read each time, here
+    after uploads through another server (its own cache) on the same database."""
+    planning = make_client(solver=fixed_solver(plan_document))
+    uploading = make_client(solver=fixed_solver(plan_document))
+    register_catalogue(uploading, scenario)
+    base = {"cluster": "lab", "model": scenario["model"]["name"], "job": scenario["job"]}
+
+    def assembled(body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        answer = planning.post("/v1/plans", json=body)
+        assert answer.status_code == 201, answer.text
+        plan_id = answer.json()["id"]
+        return answer.json()["sources"], planning.get(f"/v1/plans/{plan_id}/scenario").json()
+
+    def a100(document: dict[str, Any]) -> tuple[list[float], float]:
+        return ([r["forward_ms"] for r in document["profiles"] if r["gpu_type"] == "A100-80G"],
+                document["cluster"]["intra_node"]["A100-80G"]["bandwidth_gb_per_s"])
+
+    _, first = assembled(base)
+    rows = [{**{k: v for k, v in r.items() if k != "gpu_type"}, "forward_ms": 2 * r["forward_ms"]}
+            for r in scenario["profiles"] if r["gpu_type"] == "A100-80G"]
+    assert uploading.post("/v1/profiles", json={"model": scenario["model"]["name"],
+                                                "gpu_type": "A100-80G", "rows": rows}
+                          ).status_code == 201
+    link = {"scope": "intra_node", "gpu_type": "A100-80G", "bandwidth_gb_per_s": 123.0,
+            "latency_us": 4.0}
+    assert uploading.post("/v1/links", json={"links": [link]}).status_code == 201
+    sources, second = assembled(base)
+    assert (sources["profiles"]["A100-80G"]["version"], sources["links"]) == (2, {"version": 2})
+    assert a100(second) == ([2 * f for f in a100(first)[0]], 123.0)
+    _, pinned = assembled({**base, "profile_versions": {"A100-80G": 1}, "links_version": 1})
+    assert a100(pinned) == a100(first)
+
+
 def test_long_plan_becomes_a_job_with_progress_and_a_stored_plan(
         make_client: MakeClient, scenario: dict[str, Any],
         plan_document: dict[str, Any]) -> None:
