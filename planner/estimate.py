@@ -16,6 +16,7 @@ peak of what that order holds.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -252,7 +253,10 @@ def _usd_per_hour(
 
 def _price(result: Evaluation, usd_per_hour: float | None) -> None:
     result.usd_per_hour = usd_per_hour
-    if usd_per_hour is None or result.iteration_s is None or result.tokens_per_s is None:
+    # A plan that never finishes (an iteration of infinite time: no tokens) has no price
+    # per token or per iteration.
+    if (usd_per_hour is None or result.iteration_s is None or not result.tokens_per_s
+            or not math.isfinite(result.iteration_s)):
         return
     result.usd_per_million_tokens = usd_per_hour / 3600 / result.tokens_per_s * 1e6
     result.usd_per_iteration = usd_per_hour / 3600 * result.iteration_s

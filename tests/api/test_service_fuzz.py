@@ -10,7 +10,8 @@ Two checks are told what JSON Schema cannot say:
 - any body, schema-valid or not, may get 413 when it is larger than `max_body_bytes`
   (an array near or past its `maxItems` usually is).
 
-Schemathesis needs the schema when it makes the tests, so the apps are built at import:
+Schemathesis needs the schema when it makes the tests, so the apps are built at import
+(not started: the module fixtures do that):
 on a SQLite file in a temporary folder, and in a fresh PostgreSQL schema when the server
 is reachable; the module fixture removes both.
 
@@ -70,8 +71,11 @@ _CHECKS = SchemathesisConfig.from_dict({"checks": {
     "negative_data_rejection": {"expected-statuses": ["400", "401", "403", "404", "405",
                                                       "406", "409", "413", "415", "422"]},
 }})
-sqlite_schema = schemathesis.openapi.from_asgi("/openapi.json", SQLITE_APP, config=_CHECKS)
-pg_schema = schemathesis.openapi.from_asgi("/openapi.json", PG_APP, config=_CHECKS)
+# The schemas come from the apps' own OpenAPI documents, not through `from_asgi`, whose
+# client started the apps (their job workers' threads) at import and never stopped them:
+# they ran through the whole test session. The module fixtures start and stop the apps.
+sqlite_schema = schemathesis.openapi.from_dict(SQLITE_APP.openapi(), config=_CHECKS)
+pg_schema = schemathesis.openapi.from_dict(PG_APP.openapi(), config=_CHECKS)
 FUZZ = settings(max_examples=25, deadline=None, derandomize=True,
                 suppress_health_check=list(HealthCheck))
 
@@ -108,17 +112,13 @@ def pg_served() -> Iterator[None]:
         admin.dispose()
 
 
-def _check(case: Any) -> None:
-    case.call_and_validate()
-
-
 @sqlite_schema.parametrize()
 @FUZZ
 def test_every_schemathesis_check_passes_on_sqlite(case: Any, sqlite_served: None) -> None:
-    _check(case)
+    case.call_and_validate(app=SQLITE_APP)
 
 
 @pg_schema.parametrize()
 @FUZZ
 def test_every_schemathesis_check_passes_on_postgresql(case: Any, pg_served: None) -> None:
-    _check(case)
+    case.call_and_validate(app=PG_APP)

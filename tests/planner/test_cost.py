@@ -59,3 +59,17 @@ def test_with_estimate_merges_the_price_into_the_plan_once() -> None:
     # Two micro-batches of (1 + 1) ms forward and (2 + 2) ms backward on one GPU at $2/hour.
     assert priced.estimate["usd_per_iteration"] == pytest.approx(2.0 / 3600 * 12e-3)
     assert with_estimate(priced, evaluation) is priced
+
+
+def test_a_plan_that_never_finishes_has_no_price_per_token() -> None:
+    """A link of a vanishing (yet positive) bandwidth makes a transfer, and the iteration,
+    infinite (a fuzzed link upload found it): no tokens, so no price per token or per
+    iteration, and no division by zero."""
+    doc = uniform()
+    doc["gpu_types"]["G"]["hourly_usd"] = 2.0
+    doc["cluster"]["intra_node"]["G"]["bandwidth_gb_per_s"] = 5e-324
+    two_stages = pipeline([stage(["n0:0"], (0, 1)), stage(["n0:1"], (1, 2))])
+    evaluation = evaluate(parse_scenario(doc), parse_plan(plan(two_stages)))
+    assert evaluation.iteration_s == float("inf") and evaluation.tokens_per_s == 0.0
+    assert evaluation.usd_per_hour == 4.0  # two GPUs at $2/hour
+    assert evaluation.usd_per_million_tokens is None and evaluation.usd_per_iteration is None
