@@ -45,6 +45,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+R = TypeVar("R")
 _RETRIES = 5
 
 
@@ -239,6 +240,15 @@ class Store:
         nothing is deleted), so reads may keep them. The version rows themselves, and so
         which version is the newest, are read from the database every time."""
 
+    def _cached_rows(self, key: tuple[str, Any], read: Callable[[], Iterable[R]]
+                     ) -> tuple[R, ...]:
+        """The rows of a stored version under `key`, from `_rows_of_set` or `read()`."""
+        rows = self._rows_of_set.get(key)
+        if rows is None:
+            rows = tuple(read())
+            self._rows_of_set.put(key, rows)
+        return rows
+
     def ping(self) -> None:
         """Raise if the database cannot answer a trivial query."""
         with self.engine.connect() as connection:
@@ -386,10 +396,8 @@ class Store:
             row = connection.execute(query).first()
             if row is None:
                 return None
-            points = self._rows_of_set.get(("profiles", row.id))
-            if points is None:
-                points = tuple(self._profile_points(connection, row))
-                self._rows_of_set.put(("profiles", row.id), points)
+            points = self._cached_rows(("profiles", row.id),
+                                       lambda: self._profile_points(connection, row))
             return self._profile_set(connection, row, points=points)
 
     def list_profile_sets(self, *, model: str | None = None, gpu_type: str | None = None,
@@ -546,10 +554,8 @@ class Store:
             row = connection.execute(query).first()
             if row is None:
                 return None
-            links = self._rows_of_set.get(("links", row.id))
-            if links is None:
-                links = tuple(self._link_rows(connection, row.id))
-                self._rows_of_set.put(("links", row.id), links)
+            links = self._cached_rows(("links", row.id),
+                                      lambda: self._link_rows(connection, row.id))
             return self._link_set(connection, row, links=links)
 
     def _link_set(self, connection: sa.Connection, row: sa.Row[Any], *,
