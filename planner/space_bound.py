@@ -1,8 +1,10 @@
-"""An upper bound on the samples/s of any plan, counting memory and gradient sync.
+"""An upper bound on the samples/s of any plan: compute, memory, sync, node crossings
+and the pipeline fill.
 
 The compute bound (section 5) lets every GPU run the whole model at its best
-point, with no sync. Here, for every number of pipelines n, three facts of
-the cost model bound the iteration time of any plan with n pipelines:
+point, with no sync. Here, for every number of pipelines n and every count k
+of node crossings the smallest pipeline is sure to make, facts of the cost
+model bound the iteration time of any plan in that class:
 
 - **Compute**: each sample crosses every layer once, on some GPU type at some
   profiled (b, tp) whose single-layer stage fits in memory, costing
@@ -10,34 +12,49 @@ the cost model bound the iteration time of any plan with n pipelines:
   their count of GPU-seconds per second. A pipeline has at most one stage per
   layer and a stage at most the largest tp, so at most n * L * tp_max GPUs
   work. A linear program (GLOP) gives the most samples per second.
+- **Crossings**: a pipeline of G GPUs spans at least G / (largest node) nodes;
+  each crossing between them is a blocking transfer charged to both stages,
+  forward and backward. Every pipeline crosses at least k times, which the
+  linear program charges per sample; and since each pipeline's rate is
+  concave in its GPUs, equal pipelines give the most (a second cap).
 - **Memory**: the used GPUs must hold n copies of every layer's state
   (section 4; ZeRO shards optimizer and gradients over the n copies).
-- **Sync** (n >= 2): the stage holders of every layer hold, over all used
-  GPUs, n * P parameters, so some GPU holds at least n * P / G_used and its
-  ring moves 2(n-1)/n of its gradient bytes at no more than the fastest link
-  its ring can have (a node's own link while n holders fit in one node, a link
-  between nodes beyond).
+- **Sync** (n >= 2): the smallest pipeline spreads the model over at most
+  (k + 1) nodes' worth of GPUs and all of them over the used GPUs, so some GPU
+  holds a share of the parameters and its ring moves 2(n-1)/n of its gradient
+  bytes at no more than the fastest link its ring can have (a node's own link
+  while n holders fit in one node, a link between nodes beyond).
+- **Fill and drain** (1F1B and GPipe): the pipeline with the largest batch
+  share takes at least a micro-batch's fastest traversal over the fraction of
+  its stages a schedule can keep busy (least_pipeline_s).
 
-Pipeline bubbles and transfers are left out, so the bound is loose where they
-matter; it is valid for every plan of the version-1 space. Counts n are
-taken one by one up to 8, then in ranges [2^k, 2^(k+1)) with each range's
-most favourable terms, so a few dozen small linear programs cover thousands
-of GPUs.
+What is left out (micro-batch size coupled to activation memory and to the
+number of micro-batches, tp coupled to stage count) keeps the bound loose
+where those decide, mostly on small fleets. It is valid for every plan of the
+version-1 space and for the schedules it is given. Counts n are taken one by
+one up to 8, then in ranges [2^k, 2^(k+1)) with each range's most favourable
+terms, and crossing counts the same way; classes whose time without their linear
+program already loses are skipped.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from planner.costs import GIB, ProfileIndex, state_bytes_per_param
-from planner.documents import Scenario
+from planner.documents import Scenario, Schedule
 
 __all__ = ["SpaceBound", "space_bound"]
 
 ONE_BY_ONE = 8
 """Pipeline counts bounded one at a time; past this, in ranges [2^k, 2^(k+1))."""
+CROSSINGS_ONE_BY_ONE = 16
+"""The same for node crossings: deep pipelines over slow links are where the bound is
+decided, and a range prices crossings at its fewest and sync at its most."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,30 +66,56 @@ class SpaceBound:
     """The range of pipeline counts where the bound is reached."""
 
 
-def space_bound(scenario: Scenario) -> SpaceBound | None:
-    """The bound, or None when no GPU type can hold any layer."""
-    problem = _Problem(scenario)
+def space_bound(scenario: Scenario,
+                schedules: Collection[Schedule] | None = None) -> SpaceBound | None:
+    """The bound over plans that run one of `schedules` (default: the job's), or None when
+    no GPU type can hold any layer."""
+    problem = _Problem(scenario, schedules or {scenario.job.schedule})
     if not problem.costs:
         return None
+    batch = scenario.job.global_batch_size
     best: SpaceBound | None = None
-    low = 1
-    while low <= problem.num_gpus:
-        high = low if low <= ONE_BY_ONE else min(2 * low - 1, problem.num_gpus)
-        rate = problem.most_samples_per_s(most_gpus=high * problem.gpus_per_pipeline,
-                                          fewest_pipelines=low)
-        if rate > 0:
-            seconds = scenario.job.global_batch_size / rate + problem.least_sync_s(low, high)
+    for low, high in _counts(problem.num_gpus, start=1):
+        most_gpus = high * problem.gpus_per_pipeline
+        unhindered = problem.most_samples_per_s(most_gpus=most_gpus, fewest_pipelines=low,
+                                                crossings=0)
+        if unhindered <= 0:
+            continue
+        for crossings, most_crossings in _counts(problem.most_crossings(low), start=0,
+                                                   one_by_one=CROSSINGS_ONE_BY_ONE):
+            sync_s = problem.least_sync_s(low, high, most_crossings)
+            capped = min(unhindered, problem.most_with_crossings(high, crossings))
+            # Crossings only slow compute down: the rate without them prunes.
+            if best is not None and batch / capped + sync_s >= best.iteration_s:
+                continue
+            rate = capped if crossings == 0 else min(capped, problem.most_samples_per_s(
+                most_gpus=most_gpus, fewest_pipelines=low, crossings=crossings))
+            if rate <= 0:
+                break
+            seconds = max(batch / rate, problem.least_pipeline_s(batch / high)) + sync_s
             if best is None or seconds < best.iteration_s:
-                best = SpaceBound(iteration_s=seconds,
-                                  samples_per_s=scenario.job.global_batch_size / seconds,
+                best = SpaceBound(iteration_s=seconds, samples_per_s=batch / seconds,
                                   num_pipelines=(low, high))
-        low = high + 1
     return best
 
 
+def _counts(most: int, *, start: int, one_by_one: int = ONE_BY_ONE
+            ) -> Iterator[tuple[int, int]]:
+    """Ranges [low, high] covering start..most: one by one up to `one_by_one`, then
+    doubling."""
+    low = start
+    while low <= most:
+        high = low if low <= one_by_one else min(2 * low - 1, most)
+        yield low, high
+        low = high + 1
+
+
 class _Problem:
-    def __init__(self, scenario: Scenario) -> None:
+    def __init__(self, scenario: Scenario, schedules: Collection[Schedule]) -> None:
         self.scenario = scenario
+        # Interleaving starts a stage after its neighbours' first chunks only, and a local
+        # backward waits for nothing: the fill and drain argument holds for these two.
+        self.fills_and_drains = set(schedules) <= {Schedule.ONE_F_ONE_B, Schedule.GPIPE}
         self.layers = scenario.model.layers
         self.params = [scenario.model.kinds[k].params for k in self.layers]
         self.gpus = Counter[str]()
@@ -105,17 +148,61 @@ class _Problem:
             self.costs[key] = min(cost, self.costs.get(key, cost))
             tps.append(tp)
         self.gpus_per_pipeline = len(self.layers) * max(tps)
-        self._program: tuple[Any, Any, Any, Any] | None = None
+        self.crossing_s = _crossing_gpu_s_per_sample(scenario, profiles)
+        self.traversal_s = _least_traversal_s(scenario, profiles)
+        self.least_compute_s = sum(  # infinite where some layer fits nowhere
+            min((cost for (k, _), cost in self.costs.items() if k == kind), default=math.inf)
+            for kind in self.layers)
+        self._program: tuple[Any, Any, Any, Any, Any] | None = None
 
-    def most_samples_per_s(self, *, most_gpus: int, fewest_pipelines: int) -> float:
+    def most_with_crossings(self, most_pipelines: int, crossings: int) -> float:
+        """Samples/s of at most `most_pipelines` pipelines that each cross between nodes at
+        least `crossings` times and once per node they fill beyond the first.
+
+        A pipeline of G GPUs spans at least G / (largest node) nodes, so with the model's
+        least compute c per sample (each layer on its cheapest type) it runs at most
+        f(G) = G / (c + crossing cost * max(crossings, G / node - 1)) samples/s. Where a
+        crossing costs more than c, f falls past (crossings + 1) nodes' worth of GPUs;
+        capped there it is concave in G, so equal pipelines sharing the GPUs do best, and
+        more of them do better."""
+        n = most_pipelines
+        share = min(self.num_gpus, n * self.gpus_per_pipeline) / n
+        if self.crossing_s > self.least_compute_s:
+            share = min(share, (crossings + 1) * self.largest_node)
+        spans = max(crossings, share / self.largest_node - 1)
+        return n * share / (self.least_compute_s + self.crossing_s * spans)
+
+    def least_pipeline_s(self, samples: float) -> float:
+        """The least time of a 1F1B or GPipe pipeline that runs at least `samples` samples.
+
+        Stage k is busy m W_k, and starts after stages 0..k-1 run their first forward and
+        ends before they run their last backward: T >= m W_k + sum_(j<k) W_j for every k.
+        The per-micro-batch times W that make all these tight (W_k = W_0 (1 - 1/m)^k) give
+        the least T for their sum: W / (1 - (1 - 1/m)^S), at most L stages."""
+        if not self.fills_and_drains:
+            return 0.0
+        stages = len(self.layers)
+        return min(traversal / (1 - max(0.0, 1 - b / samples) ** stages)
+                   for b, traversal in self.traversal_s.items())
+
+    def most_crossings(self, fewest_pipelines: int) -> int:
+        """The most node crossings the smallest pipeline is sure to make, when there are at
+        least `fewest_pipelines` pipelines (it has at most its share of the GPUs)."""
+        smallest = min(self.gpus_per_pipeline, self.num_gpus // fewest_pipelines)
+        return max(0, -(-smallest // self.largest_node) - 1)
+
+    def most_samples_per_s(self, *, most_gpus: int, fewest_pipelines: int,
+                           crossings: int) -> float:
         """The compute and memory linear program for plans of at least `fewest_pipelines`
-        pipelines on at most `most_gpus` GPUs. Built once; only two bounds change."""
+        pipelines on at most `most_gpus` GPUs, each pipeline crossing between nodes at least
+        `crossings` times. Built once; only three coefficients change."""
         from ortools.linear_solver import pywraplp  # loaded only when a bound is asked for
 
         if self._program is None:
             self._program = self._build()
-        solver, rate, gpu_cap, memory = self._program
+        solver, rate, gpu_cap, memory, busy = self._program
         gpu_cap.SetUb(float(most_gpus))
+        busy.SetCoefficient(rate, crossings * self.crossing_s)
         per_param = state_bytes_per_param(self.scenario, fewest_pipelines).total
         memory.SetLb(fewest_pipelines * sum(self.params) * per_param)
         if solver.Solve() != pywraplp.Solver.OPTIMAL:
@@ -123,7 +210,7 @@ class _Problem:
         # The solver's own tolerance could only overstate the rate by a hair: pad it.
         return float(rate.solution_value()) * (1 + 1e-7)
 
-    def _build(self) -> tuple[Any, Any, Any, Any]:
+    def _build(self) -> tuple[Any, Any, Any, Any, Any]:
         from ortools.linear_solver import pywraplp
 
         scenario = self.scenario
@@ -149,6 +236,14 @@ class _Problem:
             for layer, kind in enumerate(self.layers):
                 if (layer, t) in flow:
                     seconds.SetCoefficient(flow[(layer, t)], self.costs[(kind, t)])
+        # All used GPUs together also carry every sample's blocking transfers between
+        # nodes (the rate's coefficient is set per count of crossings).
+        busy = solver.Constraint(-infinity, 0)
+        for t in self.gpus:
+            busy.SetCoefficient(used[t], -1)
+            for layer, kind in enumerate(self.layers):
+                if (layer, t) in flow:
+                    busy.SetCoefficient(flow[(layer, t)], self.costs[(kind, t)])
         # At most one stage per layer and pipeline, each at most the widest tp.
         gpu_cap = solver.Constraint(0, infinity)
         # The used GPUs hold every pipeline's copy of the state.
@@ -158,10 +253,11 @@ class _Problem:
             memory.SetCoefficient(
                 u, (scenario.gpu_types[t].memory_gib - scenario.reserved_gib(t)) * GIB)
         solver.Maximize(rate)
-        return solver, rate, gpu_cap, memory
+        return solver, rate, gpu_cap, memory, busy
 
-    def least_sync_s(self, low: int, high: int) -> float:
-        """The least sync of any plan with `low` to `high` pipelines (0 for one pipeline)."""
+    def least_sync_s(self, low: int, high: int, crossings: int) -> float:
+        """The least sync of any plan with `low` to `high` pipelines whose smallest pipeline
+        crosses between nodes no more than `crossings` times (0 for one pipeline)."""
         n = low
         if n <= 1:
             return 0.0
@@ -172,6 +268,49 @@ class _Problem:
         else:
             fastest = max(link.bandwidth_gb_per_s for link in [cluster.inter_node,
                                                                *cluster.inter_zone])
+        # The smallest pipeline spreads the model over at most `smallest` GPUs, and all
+        # pipelines together over at most `used`: some GPU holds the larger share.
+        smallest = min((crossings + 1) * self.largest_node, self.gpus_per_pipeline,
+                       self.num_gpus // low)
         used = min(self.num_gpus, high * self.gpus_per_pipeline)
+        held = sum(self.params) * max(1 / smallest, n / used)
         grad = self.scenario.job.grad_bytes  # all-reduced whatever ZeRO shards
-        return 2 * (n - 1) * sum(self.params) * grad / (used * fastest * 1e9)
+        return 2 * (n - 1) / n * held * grad / (fastest * 1e9)
+
+
+def _least_traversal_s(scenario: Scenario, profiles: ProfileIndex) -> dict[int, float]:
+    """Per micro-batch size: the least time one micro-batch takes forward and backward
+    through every layer, each layer at its fastest type and tp (transfers left out)."""
+    fastest: dict[tuple[int, str], float] = {}
+    largest_node = Counter[str]()
+    for node in scenario.cluster.nodes:
+        largest_node[node.gpu_type] = max(largest_node[node.gpu_type], node.gpus)
+    for point in profiles.points():
+        gpu_type, kind, b, tp = point
+        row = profiles.get(*point)
+        if row is None or tp > largest_node[gpu_type]:
+            continue
+        seconds = (row.forward_ms + row.backward_ms) * 1e-3
+        fastest[(b, kind)] = min(seconds, fastest.get((b, kind), seconds))
+    sizes = {b for b, _ in fastest}
+    return {b: sum(fastest[(b, kind)] for kind in scenario.model.layers) for b in sizes
+            if all((b, kind) in fastest for kind in scenario.model.layers)}
+
+
+def _crossing_gpu_s_per_sample(scenario: Scenario, profiles: ProfileIndex) -> float:
+    """GPU-seconds that one crossing between two nodes adds to each sample of a pipeline
+    at least. A blocking transfer occupies sender and receiver (section 3), forward and
+    backward (a local schedule sends nothing backward); it takes at least latency / the
+    largest micro-batch plus the smallest boundary output over the fastest link."""
+    if not scenario.job.blocking_transfers:
+        return 0.0
+    cluster = scenario.cluster
+    links = [cluster.inter_node, *cluster.inter_zone]
+    kinds = scenario.model.kinds
+    boundary_bytes = min((kinds[k].output_bytes_per_sample for k in scenario.model.layers[:-1]),
+                         default=0.0)
+    largest_batch = max(point[2] for point in profiles.points())
+    one_way = (min(link.latency_us for link in links) * 1e-6 / largest_batch
+               + boundary_bytes / (max(link.bandwidth_gb_per_s for link in links) * 1e9))
+    charges = 2 if scenario.job.schedule is Schedule.LOCAL else 4
+    return charges * one_way

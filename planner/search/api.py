@@ -285,7 +285,7 @@ def _searched(
     wall_s = time.monotonic() - started
     unused = _unused_gpus(tables, best.plan)
     document = _annotate(best, evaluation, status, wall_s, unused, baseline_rates,
-                         space_bound(searched), training=LOCAL_TRAINING_NOTE if local else None)
+                         space_bound(searched, allowed), training=LOCAL_TRAINING_NOTE if local else None)
     report(1.0, "done")
     return PlanResult(plan=document, evaluation=evaluation, status=status, wall_s=wall_s,
                       unused_gpus=unused, baselines=baseline_rates)
@@ -625,7 +625,7 @@ def _annotate(
         "planner_version": PLANNER_VERSION,
         "baselines_samples_per_s": baselines,
         "num_unused_gpus": len(unused),
-        # Counts memory and sync, not bubbles: see planner/space_bound.py.
+        # Counts memory, sync, node crossings and the fill: see planner/space_bound.py.
         "upper_bound_samples_per_s": None if space is None else space.samples_per_s,
         "gap_to_upper_bound": None if space is None or evaluation.samples_per_s is None
         else 1.0 - evaluation.samples_per_s / space.samples_per_s,

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from planner import SearchOptions, evaluate, parse_plan, parse_scenario, plan
 from planner.search.exact import MAX_GPUS, MAX_LAYERS, TooLargeForExact, exact_optimum
+from planner.space_bound import space_bound
 from tests.planner.scenarios import tiny
 
 TINY = Path(__file__).resolve().parent.parent / "data" / "tiny"
@@ -149,6 +150,20 @@ def test_exact_mode_equals_brute_force_on_random_tiny_scenarios(doc: dict[str, A
     assert found.evaluation.samples_per_s == pytest.approx(expected, rel=1e-9)
 
 
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_tiny())
+def test_no_optimum_beats_the_upper_bound(doc: dict[str, Any]) -> None:
+    # Random tiny scenarios put transfers and rings over slow links beside fast compute:
+    # where the bound's crossing, sync and fill terms would overreach, an optimum shows it.
+    scenario = parse_scenario(doc)
+    found = exact_optimum(scenario)
+    bound = space_bound(scenario)
+    if found is None or not found.evaluation.samples_per_s:
+        return
+    assert bound is not None
+    assert found.evaluation.samples_per_s <= bound.samples_per_s
+
+
 @pytest.mark.parametrize(("batch", "slow"), [(2, 1.0), (4, 2.5), (6, 1.5)])
 def test_exact_mode_equals_brute_force(batch: int, slow: float) -> None:
     doc = three_gpu_scenario(batch, slow)
@@ -169,6 +184,7 @@ def test_exact_mode_equals_the_known_optimum(name: str) -> None:
     result = plan(scenario, SearchOptions(exact=True, time_limit_s=300))
     assert result.status.value == "optimal"
     assert result.evaluation.samples_per_s == pytest.approx(optimum, rel=1e-9)
+    assert optimum <= result.plan.search["upper_bound_samples_per_s"]
 
 
 @pytest.mark.parametrize("name", TINY_NAMES)

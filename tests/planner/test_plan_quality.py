@@ -225,6 +225,30 @@ def test_the_upper_bound_counts_sync_when_rings_must_cross_slow_links() -> None:
     assert bound.samples_per_s < compute_only * 0.999
 
 
+def test_the_upper_bound_counts_transfers_of_pipelines_that_must_cross_nodes() -> None:
+    # Two layers that fit on no single 1-GPU node, each sending 10 MB per sample over a
+    # 1 GB/s link: every pipeline crosses once, 4 x 10 ms of blocking transfers per sample
+    # beside 60 ms of compute, and rings move 100 MB of gradients per GPU.
+    doc = tiny()
+    doc["model"]["layers"] = ["b", "b"]
+    doc["model"]["kinds"] = {"b": {"params": 25_000_000, "output_bytes_per_sample": 10_000_000}}
+    doc["gpu_types"]["G"]["memory_gib"] = 1
+    doc["cluster"]["nodes"] = [{"name": f"n{i}", "gpu_type": "G", "gpus": 1} for i in range(4)]
+    doc["cluster"]["inter_node"] = {"bandwidth_gb_per_s": 1, "latency_us": 0}
+    doc["profiles"] = [{"gpu_type": "G", "kind": "b", "micro_batch": 1, "tp": 1,
+                        "forward_ms": 10, "backward_ms": 20, "activation_bytes": 200 * 2**20}]
+    doc["job"] = {"global_batch_size": 8, "grad_bytes": 4, "reserved_gib": 0}
+    scenario = parse_scenario(doc)
+    optimum = plan(scenario, SearchOptions(exact=True))
+    assert optimum.status.value == "optimal"
+    assert all(len(p.stages) == 2 for p in optimum.plan.pipelines)
+    bound = space_bound(scenario)
+    assert bound is not None and optimum.evaluation.samples_per_s is not None
+    assert optimum.evaluation.samples_per_s <= bound.samples_per_s
+    compute_only = 4 / 60e-3  # every GPU computing all the time, nothing else
+    assert bound.samples_per_s < 0.5 * compute_only
+
+
 @pytest.mark.parametrize("launcher", ["megatron", "deepspeed", "torchtitan"])
 def test_a_launcher_restricted_plan_is_one_the_launcher_runs(launcher: str) -> None:
     from planner.export import expressible, format_options, scenario_options
