@@ -66,6 +66,9 @@ QUICK_SLACK = 1.1
 VARIANT_SHARE = 0.25
 """Share of the search's time so far that building and judging schedule variants may add."""
 VARIANT_MIN_S = 0.2
+POLISH_SHARE = 0.15
+"""Share of the search's time so far that polishing the best plan's splits may add."""
+POLISH_MIN_S = 0.05
 
 ProgressCallback = Callable[[float, str], None]
 """Called with (fraction done in [0, 1], what the search is doing)."""
@@ -247,7 +250,7 @@ def _searched(
     admissible = None if max_blocks is None else (
         lambda plan_doc: within_block_cap(plan_doc, max_blocks))
     best, evaluation, baseline_rates, runners_up = _judge(searched, candidates, baselines,
-                                                          options, admissible)
+                                                          options, admissible, started=started)
     if options.launcher is not None:
         report(0.9, f"restricting to what {options.launcher} runs")
         candidates.extend(launcher_candidates(tables, templates, LAUNCHER_GRID_DRAFTS,
@@ -542,7 +545,9 @@ def _judge(
     candidates: list[Candidate],
     baselines: dict[str, Judged],
     options: SearchOptions,
-    admissible: Callable[[Plan], bool] | None = None,
+    admissible: Callable[[Plan], bool] | None,
+    *,
+    started: float,
 ) -> tuple[Candidate | None, Evaluation | None, dict[str, float | None],
            list[tuple[Candidate, Evaluation]]]:
     """The best valid plan (its batch shares and split then refined), each baseline's rate,
@@ -572,7 +577,11 @@ def _judge(
     best_eval: Evaluation | None = None
     if valid:
         _, best, best_eval = min(valid, key=lambda v: v[0])
-        polished = polish_splits(scenario, best.plan, best_eval)
+        # Each try evaluates the whole plan: the polish gets a share of the time so far.
+        now = time.monotonic()
+        deadline = min(started + options.time_limit_s,
+                       now + max(POLISH_MIN_S, POLISH_SHARE * (now - started)))
+        polished = polish_splits(scenario, best.plan, best_eval, deadline=deadline)
         if polished is not None:
             best = Candidate.of(polished[0], quick_s=polished[1].iteration_s or best.quick_s,
                                 origin=f"{best.origin}, split polished by simulation")

@@ -1,36 +1,35 @@
-"""Layer splits polished by the event simulation, for small plans.
+"""Layer splits polished by the event simulation.
 
 The templates' splits minimise the bottleneck stage, which sets a pipeline's
-time once it runs many micro-batches. With few micro-batches the fill weighs
-as much, and among splits of equal bottleneck the simulation can tell a faster
-one (a heavy stage last rather than in the middle, say). Here each boundary
-between two stages is moved by one layer, in every replica of a pipeline
-shape at once, and a move is kept when the reference estimator finds the plan
-faster. Each try is a full evaluation, so only small plans are polished, and
-only pipeline shapes run with few micro-batches (where the fill counts).
+time once it runs many micro-batches. The fill, and where a node crossing's
+blocking transfers land, weigh too: among splits of nearly equal bottleneck
+the simulation can tell a faster one (a heavy stage last rather than in the
+middle, a boundary that moves a layer off a stage that also sends between
+nodes). Here each boundary between two stages is moved by one layer, in every
+replica of a pipeline shape at once, and a move is kept when the reference
+estimator finds the plan faster. Each try is a full evaluation, whose cost
+grows with the plan: the polish stops at a deadline the caller sets.
 """
 
 from __future__ import annotations
+
+import math
+import time
 
 from planner.documents import Pipeline, Plan, Scenario, Stage
 from planner.estimate import Evaluation, evaluate
 
 __all__ = ["polish_splits"]
 
-MAX_GPUS = 64
-"""Plans on more GPUs are left as they are: each try evaluates the whole plan."""
-FEW_MICRO_BATCHES = 2
-"""Shapes run with more than this many micro-batches per stage are left as they are: the
-bottleneck, which the templates already minimise, is then what counts."""
 MAX_TRIES = 64  # evaluations one polish may spend
 
 
 def polish_splits(
-    scenario: Scenario, plan_doc: Plan, evaluation: Evaluation
+    scenario: Scenario, plan_doc: Plan, evaluation: Evaluation, *, deadline: float = math.inf
 ) -> tuple[Plan, Evaluation] | None:
-    """A faster plan with some stage boundaries moved by one layer, or None."""
-    num_gpus = sum(len(stage.gpus) for pipeline in plan_doc.pipelines for stage in pipeline.stages)
-    if num_gpus > MAX_GPUS or evaluation.iteration_s is None:
+    """A faster plan with some stage boundaries moved by one layer, or None. No try starts
+    after `deadline` (time.monotonic())."""
+    if evaluation.iteration_s is None:
         return None
     best, best_eval = plan_doc, evaluation
     tries = 0
@@ -38,6 +37,8 @@ def polish_splits(
     while improved and tries < MAX_TRIES:
         improved = False
         for moved in _single_moves(best):
+            if time.monotonic() > deadline:
+                break
             tries += 1
             trial = evaluate(scenario, moved)
             if (trial.valid and trial.iteration_s is not None and best_eval.iteration_s is not None
@@ -58,10 +59,7 @@ def _single_moves(plan_doc: Plan) -> list[Plan]:
         shapes.setdefault(key, []).append(p)
     moves = []
     for members in shapes.values():
-        pipeline = plan_doc.pipelines[members[0]]
-        stages = pipeline.stages
-        if pipeline.num_micro_batches > FEW_MICRO_BATCHES * len(stages):
-            continue
+        stages = plan_doc.pipelines[members[0]].stages
         for s in range(len(stages) - 1):
             for step in (-1, 1):
                 boundary = stages[s].layers[1] + step

@@ -1,6 +1,9 @@
-"""Split polish: with few micro-batches, the least-bottleneck split is not always fastest."""
+"""Split polish: the least-bottleneck split is not always fastest, and a split off by a layer
+is put right whatever the micro-batch count, within the time given."""
 
 from __future__ import annotations
+
+import time
 
 from planner import SearchOptions, evaluate, parse_plan, parse_scenario, plan
 from planner.search.polish import polish_splits
@@ -60,3 +63,40 @@ def test_search_reaches_the_proven_optimum_on_that_case() -> None:
     found = plan(scenario).evaluation.samples_per_s
     assert optimum is not None and found is not None
     assert found >= optimum * 0.99
+
+
+def _uneven(num_micro_batches: int) -> dict:
+    """The `_scenario` pipeline on the two fast GPUs only, layers [0, 3) then [3, 4): the
+    first stage three times the second's work."""
+    return {"pipelines": [{"micro_batch_size": 1, "num_micro_batches": num_micro_batches,
+                           "stages": [
+                               {"gpu_type": "F", "tp": 1, "gpus": ["f0:0"], "layers": [0, 3]},
+                               {"gpu_type": "F", "tp": 1, "gpus": ["f0:1"], "layers": [3, 4]}]}]}
+
+
+def _many_micro_batches() -> dict:
+    doc = _scenario()
+    doc["job"]["global_batch_size"] = 32
+    doc["gpu_types"]["F"]["memory_gib"] = 8.0  # room for two micro-batches in flight
+    return doc
+
+
+def test_polish_evens_a_split_that_runs_many_micro_batches() -> None:
+    doc = _many_micro_batches()
+    scenario = parse_scenario(doc)
+    uneven = parse_plan(_uneven(32))
+    before = evaluate(scenario, uneven)
+    polished = polish_splits(scenario, uneven, before)
+    assert polished is not None
+    plan_doc, after = polished
+    assert [list(s.layers) for s in plan_doc.pipelines[0].stages] == [[0, 2], [2, 4]]
+    assert after.iteration_s is not None and before.iteration_s is not None
+    assert after.iteration_s < before.iteration_s * 0.95
+
+
+def test_polish_tries_nothing_after_its_deadline() -> None:
+    doc = _many_micro_batches()
+    scenario = parse_scenario(doc)
+    uneven = parse_plan(_uneven(32))
+    before = evaluate(scenario, uneven)
+    assert polish_splits(scenario, uneven, before, deadline=time.monotonic() - 1) is None
