@@ -66,9 +66,10 @@ QUICK_SLACK = 1.1
 VARIANT_SHARE = 0.25
 """Share of the search's time so far that building and judging schedule variants may add."""
 VARIANT_MIN_S = 0.2
-POLISH_SHARE = 0.15
-"""Share of the search's time so far that polishing the best plan's splits may add."""
-POLISH_MIN_S = 0.05
+POLISH_SHARE = 0.5
+"""Polishing the best plan's splits stops past this share of the search's time so far: a
+guard for slow machines; its tries are counted (polish.py)."""
+POLISH_MIN_S = 0.2
 
 ProgressCallback = Callable[[float, str], None]
 """Called with (fraction done in [0, 1], what the search is doing)."""
@@ -577,7 +578,7 @@ def _judge(
     best_eval: Evaluation | None = None
     if valid:
         _, best, best_eval = min(valid, key=lambda v: v[0])
-        # Each try evaluates the whole plan: the polish gets a share of the time so far.
+        # Each try evaluates the whole plan: never more than a share of the time so far.
         now = time.monotonic()
         deadline = min(started + options.time_limit_s,
                        now + max(POLISH_MIN_S, POLISH_SHARE * (now - started)))

@@ -7,36 +7,44 @@ the simulation can tell a faster one (a heavy stage last rather than in the
 middle, a boundary that moves a layer off a stage that also sends between
 nodes). Here each boundary between two stages is moved by one layer, in every
 replica of a pipeline shape at once, and a move is kept when the reference
-estimator finds the plan faster. Each try is a full evaluation, whose cost
-grows with the plan: the polish stops at a deadline the caller sets.
+estimator finds the plan faster, those that relieve the heaviest stages tried
+first. Each try is a full evaluation, whose cost grows with the plan: large
+plans get fewer tries.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
 
-from planner.documents import Pipeline, Plan, Scenario, Stage
+from planner.documents import Pipeline, Plan, Scenario, Schedule, Stage
 from planner.estimate import Evaluation, evaluate
 
 __all__ = ["polish_splits"]
 
 MAX_TRIES = 64  # evaluations one polish may spend
+PIPELINE_EVALUATIONS = 640
+"""Tries times the plan's pipelines: an evaluation costs about its pipelines, so large
+plans get fewer tries (at least MIN_TRIES), counted rather than timed so that a plan does
+not depend on how busy the machine was."""
+MIN_TRIES = 4
 
 
 def polish_splits(
     scenario: Scenario, plan_doc: Plan, evaluation: Evaluation, *, deadline: float = math.inf
 ) -> tuple[Plan, Evaluation] | None:
     """A faster plan with some stage boundaries moved by one layer, or None. No try starts
-    after `deadline` (time.monotonic())."""
-    if evaluation.iteration_s is None:
-        return None
+    after `deadline` (time.monotonic()): a guard for slow machines, not the budget."""
+    if evaluation.iteration_s is None or evaluation.schedule == Schedule.LOCAL.value:
+        return None  # under local learning every pipeline keeps the same blocks
     best, best_eval = plan_doc, evaluation
+    most = min(MAX_TRIES, max(MIN_TRIES, PIPELINE_EVALUATIONS // len(plan_doc.pipelines)))
     tries = 0
     improved = True
-    while improved and tries < MAX_TRIES:
+    while improved and tries < most:
         improved = False
-        for moved in _single_moves(best):
+        for moved in _single_moves(best, best_eval):
             if time.monotonic() > deadline:
                 break
             tries += 1
@@ -45,27 +53,35 @@ def polish_splits(
                     and trial.iteration_s < best_eval.iteration_s * (1 - 1e-9)):
                 best, best_eval, improved = moved, trial, True
                 break
-            if tries >= MAX_TRIES:
+            if tries >= most:
                 break
     return None if best is plan_doc else (best, best_eval)
 
 
-def _single_moves(plan_doc: Plan) -> list[Plan]:
-    """Every plan that moves one boundary of one pipeline shape by one layer."""
+def _single_moves(plan_doc: Plan, evaluation: Evaluation) -> Iterator[Plan]:
+    """Every plan that moves one boundary of one pipeline shape by one layer, those that
+    take the most off a heavier stage (compute and sync) first: tries run out on large
+    plans."""
     shapes: dict[tuple[object, ...], list[int]] = {}
     for p, pipeline in enumerate(plan_doc.pipelines):
         key = (pipeline.micro_batch_size,
                tuple((s.gpu_type, s.tp, tuple(s.layers)) for s in pipeline.stages))
         shapes.setdefault(key, []).append(p)
-    moves = []
+    moves: list[tuple[float, int, list[int], int, int]] = []
     for members in shapes.values():
         stages = plan_doc.pipelines[members[0]].stages
+        estimate = evaluation.pipelines[members[0]]
+        # What a stage would cost the iteration were it the bottleneck: all its micro-
+        # batches, then its sync ring.
+        load = [estimate.num_micro_batches * (s.effective_forward_ms + s.effective_backward_ms)
+                * 1e-3 + s.sync_s for s in estimate.stages]
         for s in range(len(stages) - 1):
-            for step in (-1, 1):
+            for step, relief in ((-1, load[s] - load[s + 1]), (1, load[s + 1] - load[s])):
                 boundary = stages[s].layers[1] + step
                 if stages[s].layers[0] < boundary < stages[s + 1].layers[1]:
-                    moves.append(_with_boundary(plan_doc, members, s, boundary))
-    return moves
+                    moves.append((-relief, len(moves), members, s, boundary))
+    for *_, members, s, boundary in sorted(moves):
+        yield _with_boundary(plan_doc, members, s, boundary)
 
 
 def _with_boundary(plan_doc: Plan, members: list[int], s: int, boundary: int) -> Plan:
