@@ -93,6 +93,8 @@ def space_bound(scenario: Scenario,
             if rate <= 0:
                 break
             seconds = max(batch / rate, problem.least_pipeline_s(batch / high)) + sync_s
+            # Where a term is tight it may round a hair above the estimator's own sums.
+            seconds *= 1 - 1e-9
             if best is None or seconds < best.iteration_s:
                 best = SpaceBound(iteration_s=seconds, samples_per_s=batch / seconds,
                                   num_pipelines=(low, high))
