@@ -33,8 +33,8 @@ number of micro-batches, tp coupled to stage count) keeps the bound loose
 where those decide, mostly on small fleets. It is valid for every plan of the
 version-1 space and for the schedules it is given. Counts n are taken one by
 one up to 8, then in ranges [2^k, 2^(k+1)) with each range's most favourable
-terms, and crossing counts the same way; classes whose time without their linear
-program already loses are skipped.
+terms, and crossing counts the same way; classes are taken in order of their time
+without their own linear program, and those that cannot win are skipped.
 """
 
 from __future__ import annotations
@@ -74,30 +74,36 @@ def space_bound(scenario: Scenario,
     if not problem.costs:
         return None
     batch = scenario.job.global_batch_size
-    best: SpaceBound | None = None
+    # Every class with its time before its own linear program (without crossings, capped):
+    # a lower bound of its time, so the classes are taken best first and the rest skipped.
+    classes = []
     for low, high in _counts(problem.num_gpus, start=1):
         most_gpus = high * problem.gpus_per_pipeline
         unhindered = problem.most_samples_per_s(most_gpus=most_gpus, fewest_pipelines=low,
                                                 crossings=0)
         if unhindered <= 0:
             continue
+        fill_s = problem.least_pipeline_s(batch / high)
         for crossings, most_crossings in _counts(problem.most_crossings(low), start=0,
                                                    one_by_one=CROSSINGS_ONE_BY_ONE):
-            sync_s = problem.least_sync_s(low, high, most_crossings)
             capped = min(unhindered, problem.most_with_crossings(high, crossings))
-            # Crossings only slow compute down: the rate without them prunes.
-            if best is not None and batch / capped + sync_s >= best.iteration_s:
-                continue
-            rate = capped if crossings == 0 else min(capped, problem.most_samples_per_s(
-                most_gpus=most_gpus, fewest_pipelines=low, crossings=crossings))
-            if rate <= 0:
-                break
-            seconds = max(batch / rate, problem.least_pipeline_s(batch / high)) + sync_s
-            # Where a term is tight it may round a hair above the estimator's own sums.
-            seconds *= 1 - 1e-9
-            if best is None or seconds < best.iteration_s:
-                best = SpaceBound(iteration_s=seconds, samples_per_s=batch / seconds,
-                                  num_pipelines=(low, high))
+            sync_s = problem.least_sync_s(low, high, most_crossings)
+            classes.append((max(batch / capped, fill_s) + sync_s, low, high, crossings, capped,
+                            fill_s, sync_s))
+    best: SpaceBound | None = None
+    for optimistic, low, high, crossings, capped, fill_s, sync_s in sorted(classes):
+        if best is not None and optimistic * (1 - 1e-9) >= best.iteration_s:
+            break
+        rate = capped if crossings == 0 else min(capped, problem.most_samples_per_s(
+            most_gpus=high * problem.gpus_per_pipeline, fewest_pipelines=low,
+            crossings=crossings))
+        if rate <= 0:
+            continue
+        # Where a term is tight it may round a hair above the estimator's own sums.
+        seconds = (max(batch / rate, fill_s) + sync_s) * (1 - 1e-9)
+        if best is None or seconds < best.iteration_s:
+            best = SpaceBound(iteration_s=seconds, samples_per_s=batch / seconds,
+                              num_pipelines=(low, high))
     return best
 
 

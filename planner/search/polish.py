@@ -8,8 +8,8 @@ middle, a boundary that moves a layer off a stage that also sends between
 nodes). Here each boundary between two stages is moved by one layer, in every
 replica of a pipeline shape at once, and a move is kept when the reference
 estimator finds the plan faster, those that relieve the heaviest stages tried
-first. Each try is a full evaluation, whose cost grows with the plan: large
-plans get fewer tries.
+first. Each try is a full evaluation, whose cost grows with the plan: larger
+plans get fewer tries, and plans past MAX_GPUS none.
 """
 
 from __future__ import annotations
@@ -23,6 +23,9 @@ from planner.estimate import Evaluation, evaluate
 
 __all__ = ["polish_splits"]
 
+MAX_GPUS = 1024
+"""Plans on more GPUs are left as they are: there a try evaluates for tenths of a second,
+and on the scaled inputs of bench/plan_time.py no try found a faster plan."""
 MAX_TRIES = 64  # evaluations one polish may spend
 PIPELINE_EVALUATIONS = 640
 """Tries times the plan's pipelines: an evaluation costs about its pipelines, so large
@@ -36,7 +39,10 @@ def polish_splits(
 ) -> tuple[Plan, Evaluation] | None:
     """A faster plan with some stage boundaries moved by one layer, or None. No try starts
     after `deadline` (time.monotonic()): a guard for slow machines, not the budget."""
-    if evaluation.iteration_s is None or evaluation.schedule == Schedule.LOCAL.value:
+    num_gpus = sum(len(stage.gpus) for pipeline in plan_doc.pipelines for stage in pipeline.stages)
+    if num_gpus > MAX_GPUS or evaluation.iteration_s is None:
+        return None
+    if evaluation.schedule == Schedule.LOCAL.value:
         return None  # under local learning every pipeline keeps the same blocks
     best, best_eval = plan_doc, evaluation
     most = min(MAX_TRIES, max(MIN_TRIES, PIPELINE_EVALUATIONS // len(plan_doc.pipelines)))
