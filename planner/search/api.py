@@ -40,7 +40,7 @@ from planner.search.launchers import (
     launcher_candidates,
     runnable_by,
 )
-from planner.search.polish import polish_splits
+from planner.search.polish import polish_plan
 from planner.search.refine import rebalance
 from planner.search.schedules import (
     LOCAL_TRAINING_NOTE,
@@ -582,10 +582,10 @@ def _judge(
         now = time.monotonic()
         deadline = min(started + options.time_limit_s,
                        now + max(POLISH_MIN_S, POLISH_SHARE * (now - started)))
-        polished = polish_splits(scenario, best.plan, best_eval, deadline=deadline)
+        polished = polish_plan(scenario, best.plan, best_eval, deadline=deadline)
         if polished is not None:
             best = Candidate.of(polished[0], quick_s=polished[1].iteration_s or best.quick_s,
-                                origin=f"{best.origin}, split polished by simulation")
+                                origin=f"{best.origin}, polished by simulation")
             best_eval = polished[1]
     # A baseline's rate counts its candidates judged among the finalists too.
     known.update((id(c), e) for c, e in finalists if e is not None)

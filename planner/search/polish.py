@@ -1,19 +1,23 @@
-"""Layer splits polished by the event simulation.
+"""The best plan polished by local moves, each judged by the event simulation.
 
 The templates' splits minimise the bottleneck stage, which sets a pipeline's
 time once it runs many micro-batches. The fill, and where a node crossing's
 blocking transfers land, weigh too: among splits of nearly equal bottleneck
 the simulation can tell a faster one (a heavy stage last rather than in the
-middle, a boundary that moves a layer off a stage that also sends between
-nodes). Here each boundary between two stages is moved by one layer, in every
-replica of a pipeline shape at once, and a move is kept when the reference
-estimator finds the plan faster, those that relieve the heaviest stages tried
-first. Each try is a full evaluation, whose cost grows with the plan: larger
-plans get fewer tries, and plans past MAX_GPUS none.
+middle, a boundary that moves a layer off a stage whose sync ring is the
+longest). And a template's micro-batch size is chosen with the template's own
+split, while the split found may fit a larger one. So each pipeline shape (all
+replicas of it at once) tries its micro-batch size doubled or halved (the
+pipeline's samples unchanged), then each boundary between two stages moved by
+one layer, those that relieve the heaviest stages first; a move is kept when
+the reference estimator finds the plan faster. Each try is a full evaluation,
+whose cost grows with the plan: larger plans get fewer tries, and plans past
+MAX_GPUS none.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Iterator
@@ -21,7 +25,7 @@ from collections.abc import Iterator
 from planner.documents import Pipeline, Plan, Scenario, Schedule, Stage
 from planner.estimate import Evaluation, evaluate
 
-__all__ = ["polish_splits"]
+__all__ = ["polish_plan"]
 
 MAX_GPUS = 1024
 """Plans on more GPUs are left as they are: there a try evaluates for tenths of a second,
@@ -34,23 +38,25 @@ not depend on how busy the machine was."""
 MIN_TRIES = 4
 
 
-def polish_splits(
+def polish_plan(
     scenario: Scenario, plan_doc: Plan, evaluation: Evaluation, *, deadline: float = math.inf
 ) -> tuple[Plan, Evaluation] | None:
-    """A faster plan with some stage boundaries moved by one layer, or None. No try starts
+    """A faster plan reached by moves of the module's docstring, or None. No try starts
     after `deadline` (time.monotonic()): a guard for slow machines, not the budget."""
     num_gpus = sum(len(stage.gpus) for pipeline in plan_doc.pipelines for stage in pipeline.stages)
     if num_gpus > MAX_GPUS or evaluation.iteration_s is None:
         return None
     if evaluation.schedule == Schedule.LOCAL.value:
         return None  # under local learning every pipeline keeps the same blocks
+    points = {(row.gpu_type, row.micro_batch, row.tp) for row in scenario.profiles}
     best, best_eval = plan_doc, evaluation
     most = min(MAX_TRIES, max(MIN_TRIES, PIPELINE_EVALUATIONS // len(plan_doc.pipelines)))
     tries = 0
     improved = True
     while improved and tries < most:
         improved = False
-        for moved in _single_moves(best, best_eval):
+        for moved in itertools.chain(_micro_batch_moves(best, points),
+                                     _boundary_moves(best, best_eval)):
             if time.monotonic() > deadline:
                 break
             tries += 1
@@ -64,17 +70,38 @@ def polish_splits(
     return None if best is plan_doc else (best, best_eval)
 
 
-def _single_moves(plan_doc: Plan, evaluation: Evaluation) -> Iterator[Plan]:
-    """Every plan that moves one boundary of one pipeline shape by one layer, those that
-    take the most off a heavier stage (compute and sync) first: tries run out on large
-    plans."""
+def _shapes(plan_doc: Plan) -> list[list[int]]:
+    """Indices of the pipelines of each shape (micro-batch size, stage types, tp, layers)."""
     shapes: dict[tuple[object, ...], list[int]] = {}
     for p, pipeline in enumerate(plan_doc.pipelines):
         key = (pipeline.micro_batch_size,
                tuple((s.gpu_type, s.tp, tuple(s.layers)) for s in pipeline.stages))
         shapes.setdefault(key, []).append(p)
+    return list(shapes.values())
+
+
+def _micro_batch_moves(plan_doc: Plan, points: set[tuple[str, int, int]]) -> Iterator[Plan]:
+    """Every plan with one shape's micro-batches twice or half as large and half or twice as
+    many, where every stage is profiled at the new size."""
+    for members in _shapes(plan_doc):
+        pipeline = plan_doc.pipelines[members[0]]
+        b, m = pipeline.micro_batch_size, pipeline.num_micro_batches
+        for size, count in ((2 * b, m // 2), (b // 2, 2 * m)):
+            if size * count == b * m and size >= 1 and all(
+                    (s.gpu_type, size, s.tp) in points for s in pipeline.stages):
+                chosen = set(members)
+                yield plan_doc.model_copy(update={"pipelines": [
+                    Pipeline.model_construct(micro_batch_size=size, num_micro_batches=count,
+                                             stages=q.stages) if i in chosen else q
+                    for i, q in enumerate(plan_doc.pipelines)]})
+
+
+def _boundary_moves(plan_doc: Plan, evaluation: Evaluation) -> Iterator[Plan]:
+    """Every plan that moves one boundary of one pipeline shape by one layer, those that
+    take the most off a heavier stage (compute and sync) first: tries run out on large
+    plans."""
     moves: list[tuple[float, int, list[int], int, int]] = []
-    for members in shapes.values():
+    for members in _shapes(plan_doc):
         stages = plan_doc.pipelines[members[0]].stages
         estimate = evaluation.pipelines[members[0]]
         # What a stage would cost the iteration were it the bottleneck: all its micro-
