@@ -133,16 +133,17 @@ def check_size(scenario: Scenario) -> None:
             "profiled points")
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Structure:
     micro_batch: int
     stages: tuple[tuple[int, int, int, int], ...]
     """(node index, tp, first layer, end layer) per stage."""
     usage: tuple[int, ...]
     """GPUs used on each node."""
-    forward_s: tuple[float, ...]
-    backward_s: tuple[float, ...]
-    transfer_s: tuple[float, ...]
+    times: np.ndarray
+    """Per stage, forward and backward seconds (rows 0 and 1), then the transfer to the next
+    stage (row 2, the last column 0): a view into its skeleton's arrays, read only when the
+    structure's pipeline is simulated."""
     most_micro_batches: int
     """Most micro-batches with which every stage fits in memory (and the batch allows)."""
     lower_s: np.ndarray
@@ -174,6 +175,7 @@ class _Enumeration:
             t: profiles.complete_points(t, kinds) for t in {n.gpu_type for n in self.nodes}}
         self.profiles = profiles
         self._prefixes: dict[tuple[str, int, int], np.ndarray] = {}
+        self._holds: dict[tuple[str, int, int], np.ndarray] = {}
         self.params = np.concatenate(([0.0], np.cumsum([scenario.model.kinds[k].params
                                                         for k in self.layers])))
         self.output_bytes = np.array([scenario.model.kinds[k].output_bytes_per_sample
@@ -265,61 +267,73 @@ class _Enumeration:
             around[:, :-1] += transfers
         forward = (forward_ms + around * 1e3) * 1e-3
         backward = (backward_ms + around * 1e3) * 1e-3
-        most = self._most_micro_batches(skeleton, b, starts, ends, acts)
+        most = self._most_micro_batches(skeleton, b, starts, ends)
         lower = _lower_bounds(forward, backward, None if blocking else transfers,
                               self.batch // b)
-        usage = [0] * len(nodes)
+        counts = [0] * len(nodes)
         for i, tp in skeleton:
-            usage[i] += tp
+            counts[i] += tp
+        usage = tuple(counts)
         rows = np.flatnonzero(most >= 1)
         # Per structure, the node holding each layer and the slowest stage, for all at once.
         stage_of_layer = (np.arange(self.num_layers)[None, None, :]
                           >= bounds[rows, 1:-1][:, :, None]).sum(axis=1)
         node_of_layer = np.array([i for i, _ in skeleton])[stage_of_layer].tolist()
         slowest = (forward[rows] + backward[rows]).max(axis=1).tolist()
-        stages = [tuple((i, tp, start, end) for (i, tp), start, end
-                        in zip(skeleton, row[:-1], row[1:], strict=True))
+        node_ids, tps = [i for i, _ in skeleton], [tp for _, tp in skeleton]
+        stages = [tuple(zip(node_ids, tps, row[:-1], row[1:], strict=True))
                   for row in bounds[rows].tolist()]
+        times = np.stack((forward, backward, np.pad(transfers, ((0, 0), (0, 1)))), axis=1)
         return [
-            _Structure(micro_batch=b, stages=stage, usage=tuple(usage), forward_s=tuple(f),
-                       backward_s=tuple(g), transfer_s=tuple(x), most_micro_batches=m,
-                       lower_s=lower[k, :m], node_of_layer=tuple(nol), slowest_s=slow)
-            for k, stage, f, g, x, m, nol, slow in zip(
-                rows.tolist(), stages, forward[rows].tolist(), backward[rows].tolist(),
-                transfers[rows].tolist(), most[rows].tolist(), node_of_layer, slowest, strict=True)]
+            _Structure(micro_batch=b, stages=stage, usage=usage, times=times[k],
+                       most_micro_batches=m, lower_s=lower[k, :m], node_of_layer=tuple(nol),
+                       slowest_s=slow)
+            for k, stage, m, nol, slow in zip(
+                rows.tolist(), stages, most[rows].tolist(), node_of_layer, slowest, strict=True)]
 
     def _most_micro_batches(self, skeleton: Sequence[tuple[int, int]], b: int, starts: np.ndarray,
-                            ends: np.ndarray, acts: np.ndarray) -> np.ndarray:
+                            ends: np.ndarray) -> np.ndarray:
         """Per split, the most micro-batches with which every stage fits by section 4's test
         (sharded state counted at the most pipelines the cluster could hold, so that no
         structure some plan needs is dropped; the plan chosen is checked by the estimator)."""
-        scenario, nodes = self.scenario, self.nodes
         limit = self.batch // b
-        per_param = state_bytes_per_param(scenario, sum(n.gpus for n in nodes)).total
         depth = len(skeleton)
         most = np.full(len(starts), limit)
         for s, (i, tp) in enumerate(skeleton):
-            gpu_type = nodes[i].gpu_type
-            state = (self.params[ends[:, s]] - self.params[starts[:, s]]) / tp * per_param
-            reserved = scenario.reserved_gib(gpu_type) * GIB
-            capacity = scenario.gpu_types[gpu_type].memory_gib * GIB
-            a = acts[:, s]
-
-            def fits(k: np.ndarray, state: np.ndarray = state, a: np.ndarray = a,
-                     reserved: float = reserved, capacity: float = capacity) -> np.ndarray:
-                return state + k * a + reserved <= capacity
-
-            with np.errstate(divide="ignore", invalid="ignore"):
-                k = np.where(a > 0, np.floor((capacity - reserved - state) / np.where(a > 0, a, 1)),
-                             limit)
-            k = np.clip(k, -1, limit)
-            k = np.where((k >= 0) & ~fits(k), k - 1, k)  # settle the division's rounding
-            k = np.where((k < limit) & fits(k + 1), k + 1, k)
-            k = np.where(fits(np.zeros_like(k)), k, -1)
+            k = self._held(self.nodes[i].gpu_type, b, tp)[starts[:, s], ends[:, s]]
             needed = depth - s if self.schedule is Schedule.ONE_F_ONE_B else limit
             # 1F1B keeps at most S - s micro-batches in flight here: past that, any m fits.
             most = np.minimum(most, np.where(k >= needed, limit, k))
         return most.astype(int)
+
+    def _held(self, gpu_type: str, b: int, tp: int) -> np.ndarray:
+        """Per layer range [start, end) (rows, columns), the most micro-batches (at most the
+        batch's) whose activations a stage of this type, size and tp holds beside its state;
+        -1 where even the state does not fit. Built once per point: skeletons share them."""
+        key = (gpu_type, b, tp)
+        if key in self._holds:
+            return self._holds[key]
+        scenario = self.scenario
+        limit = self.batch // b
+        per_param = state_bytes_per_param(scenario, sum(n.gpus for n in self.nodes)).total
+        state = (self.params[None, :] - self.params[:, None]) / tp * per_param
+        prefix_acts = self._prefix(gpu_type, b, tp)[2]
+        a = prefix_acts[None, :] - prefix_acts[:, None]
+        reserved = scenario.reserved_gib(gpu_type) * GIB
+        capacity = scenario.gpu_types[gpu_type].memory_gib * GIB
+
+        def fits(k: np.ndarray) -> np.ndarray:
+            return state + k * a + reserved <= capacity
+
+        with np.errstate(divide="ignore", invalid="ignore"):
+            k = np.where(a > 0, np.floor((capacity - reserved - state) / np.where(a > 0, a, 1)),
+                         limit)
+        k = np.clip(k, -1, limit)
+        k = np.where((k >= 0) & ~fits(k), k - 1, k)  # settle the division's rounding
+        k = np.where((k < limit) & fits(k + 1), k + 1, k)
+        k = np.where(fits(np.zeros_like(k)), k, -1)
+        self._holds[key] = k
+        return k
 
 
 def _lower_bounds(forward: np.ndarray, backward: np.ndarray, transfers: np.ndarray | None,
@@ -507,7 +521,8 @@ class _BranchAndBound:
 
 def _exact_time(x: _Structure, m: int, schedule: Schedule, blocking: bool) -> float:
     if m not in x.exact_s:
-        x.exact_s[m] = simulate_pipeline(x.forward_s, x.backward_s, x.transfer_s, m, schedule,
+        forward, backward, transfers = x.times.tolist()
+        x.exact_s[m] = simulate_pipeline(forward, backward, transfers[:-1], m, schedule,
                                          blocking_transfers=blocking)
     return x.exact_s[m]
 
