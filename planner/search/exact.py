@@ -605,17 +605,24 @@ class _Rings:
         per_byte = 2 * (n - 1) / n * self.grad_bytes
         per_step = 2 * (n - 1)
         # Per layer: parameters over the ring's bandwidth, and its latency, as prefix sums.
+        # (This runs for every plan the branch and bound visits: loops kept flat.)
         weighted, steps = [0.0], [0.0]
-        for layer, params in enumerate(self.params):
-            nodes = tuple(x.node_of_layer[layer] for x in plan)
-            bandwidth, latency = self._ring_of(nodes, used, bound)
-            weighted.append(weighted[-1] + params / bandwidth)
-            steps.append(steps[-1] + latency)
+        total_weighted = total_steps = 0.0
+        ring_of = self._ring_of
+        rings = zip(*(x.node_of_layer for x in plan), strict=True)
+        for params, nodes in zip(self.params, rings, strict=True):
+            bandwidth, latency = ring_of(nodes, used, bound)
+            total_weighted += params / bandwidth
+            total_steps += latency
+            weighted.append(total_weighted)
+            steps.append(total_steps)
         worst = 0.0
         for x in plan:
             for _, tp, start, end in x.stages:
-                worst = max(worst, per_byte * (weighted[end] - weighted[start]) / tp
-                            + per_step * (steps[end] - steps[start]))
+                seconds = (per_byte * (weighted[end] - weighted[start]) / tp
+                           + per_step * (steps[end] - steps[start]))
+                if seconds > worst:
+                    worst = seconds
         return worst
 
     def _ring_of(self, nodes: tuple[int, ...], used: tuple[int, ...], bound: bool
