@@ -208,6 +208,11 @@ def schedule_variants(
         seen.add(key)
         evaluation = evaluate(scenario, plan)
         if not evaluation.valid and recompute:
+            # Recomputing lengthens backwards and changes nothing else: a plan over memory
+            # that is already no faster than the best cannot win repaired.
+            if best is not None and evaluation.iteration_s is not None and (
+                    evaluation.iteration_s >= (best[1].iteration_s or math.inf)):
+                return None
             repaired = _recompute_where_full(plan, evaluation)
             if repaired is not None:
                 plan, origin = repaired, f"{origin}, recomputation where memory is full"
