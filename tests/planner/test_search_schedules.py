@@ -259,3 +259,27 @@ def test_past_its_deadline_the_variant_step_still_gives_a_plan_of_an_allowed_sch
         (Schedule.INTERLEAVED_1F1B,), recompute=False, deadline=0.0)
     assert found is not None and found[0].plan.schedule is Schedule.INTERLEAVED_1F1B
     assert found[1].valid
+
+
+@pytest.mark.parametrize("name", ["l40sx16-a40x8-v32x16-t4x8-gpt2.7b", "h100x16-a10x32-llama7b"])
+def test_recomputing_where_memory_is_full_never_makes_a_plan_faster(name: str) -> None:
+    # Why a variant over memory that is already no faster than the best is not repaired.
+    from planner.search.schedules import _larger_micro_batches, _recompute_where_full
+
+    scenario = parse_scenario(json.loads((SCENARIOS / f"{name}.json").read_text()))
+    tables = compile_tables(scenario)
+    base = plan(scenario, SearchOptions(time_limit_s=QUICK)).plan
+    repaired_some = False
+    for factor in (2, 4, 8):
+        larger = _larger_micro_batches(tables, base, factor)
+        if larger is None:
+            continue
+        over = evaluate(scenario, larger)
+        repaired = None if over.valid else _recompute_where_full(larger, over)
+        if repaired is None or over.iteration_s is None:
+            continue
+        again = evaluate(scenario, repaired)
+        assert again.iteration_s is not None
+        assert again.iteration_s >= over.iteration_s
+        repaired_some = True
+    assert repaired_some
