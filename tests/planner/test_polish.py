@@ -120,3 +120,25 @@ def test_polish_doubles_the_micro_batch_where_it_fits_and_computes_faster() -> N
     assert (pipeline.micro_batch_size, pipeline.num_micro_batches) == (2, 16)
     assert after.iteration_s is not None and before.iteration_s is not None
     assert after.iteration_s < before.iteration_s * 0.9
+
+
+def test_polish_merges_two_stages_on_one_node_into_one_of_twice_the_tp() -> None:
+    # Both fast GPUs sit on node f0: one stage at tp 2 sends nothing between them and has
+    # no fill, where two stages at tp 1 pay both. tp 2 runs at 0.6 of tp 1's time.
+    doc = _many_micro_batches()
+    doc["profiles"] += [dict(r, tp=2, forward_ms=r["forward_ms"] * 0.6,
+                             backward_ms=r["backward_ms"] * 0.6)
+                        for r in doc["profiles"] if r["gpu_type"] == "F"]
+    scenario = parse_scenario(doc)
+    doc_plan = _uneven(32)
+    doc_plan["pipelines"][0]["stages"][0]["layers"] = [0, 2]
+    doc_plan["pipelines"][0]["stages"][1]["layers"] = [2, 4]
+    two_stages = parse_plan(doc_plan)
+    before = evaluate(scenario, two_stages)
+    polished = polish_plan(scenario, two_stages, before)
+    assert polished is not None
+    plan_doc, after = polished
+    (stage,) = plan_doc.pipelines[0].stages
+    assert (stage.tp, sorted(stage.gpus), tuple(stage.layers)) == (2, ["f0:0", "f0:1"], (0, 4))
+    assert after.iteration_s is not None and before.iteration_s is not None
+    assert after.iteration_s < before.iteration_s
