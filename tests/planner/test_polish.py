@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 from planner import SearchOptions, evaluate, parse_plan, parse_scenario, plan
+from planner.documents import Plan
 from planner.search.polish import polish_plan
 
 
@@ -74,6 +75,14 @@ def _uneven(num_micro_batches: int) -> dict:
                                {"gpu_type": "F", "tp": 1, "gpus": ["f0:1"], "layers": [3, 4]}]}]}
 
 
+def _even(num_micro_batches: int) -> Plan:
+    """`_uneven` with two layers on each stage."""
+    doc = _uneven(num_micro_batches)
+    doc["pipelines"][0]["stages"][0]["layers"] = [0, 2]
+    doc["pipelines"][0]["stages"][1]["layers"] = [2, 4]
+    return parse_plan(doc)
+
+
 def _many_micro_batches() -> dict:
     doc = _scenario()
     doc["job"]["global_batch_size"] = 32
@@ -108,10 +117,7 @@ def test_polish_doubles_the_micro_batch_where_it_fits_and_computes_faster() -> N
     doc["profiles"] = [dict(r, forward_ms=r["forward_ms"] * 0.8, backward_ms=r["backward_ms"] * 0.8)
                        if r["micro_batch"] == 2 else r for r in doc["profiles"]]
     scenario = parse_scenario(doc)
-    doc_plan = _uneven(32)
-    doc_plan["pipelines"][0]["stages"][0]["layers"] = [0, 2]
-    doc_plan["pipelines"][0]["stages"][1]["layers"] = [2, 4]
-    even = parse_plan(doc_plan)
+    even = _even(32)
     before = evaluate(scenario, even)
     polished = polish_plan(scenario, even, before)
     assert polished is not None
@@ -130,10 +136,7 @@ def test_polish_merges_two_stages_on_one_node_into_one_of_twice_the_tp() -> None
                              backward_ms=r["backward_ms"] * 0.6)
                         for r in doc["profiles"] if r["gpu_type"] == "F"]
     scenario = parse_scenario(doc)
-    doc_plan = _uneven(32)
-    doc_plan["pipelines"][0]["stages"][0]["layers"] = [0, 2]
-    doc_plan["pipelines"][0]["stages"][1]["layers"] = [2, 4]
-    two_stages = parse_plan(doc_plan)
+    two_stages = _even(32)
     before = evaluate(scenario, two_stages)
     polished = polish_plan(scenario, two_stages, before)
     assert polished is not None
