@@ -7,6 +7,7 @@ import time
 
 from planner import SearchOptions, evaluate, parse_plan, parse_scenario, plan
 from planner.documents import Plan
+from planner.estimate import Evaluation
 from planner.search.polish import polish_plan
 
 
@@ -83,6 +84,16 @@ def _even(num_micro_batches: int) -> Plan:
     return parse_plan(doc)
 
 
+def _polished_even(doc: dict) -> tuple[Plan, Evaluation, Evaluation]:
+    """The evenly split plan of 32 micro-batches polished under `doc`: (plan, before, after)."""
+    scenario = parse_scenario(doc)
+    even = _even(32)
+    before = evaluate(scenario, even)
+    polished = polish_plan(scenario, even, before)
+    assert polished is not None
+    return polished[0], before, polished[1]
+
+
 def _many_micro_batches() -> dict:
     doc = _scenario()
     doc["job"]["global_batch_size"] = 32
@@ -116,12 +127,7 @@ def test_polish_doubles_the_micro_batch_where_it_fits_and_computes_faster() -> N
     # Micro-batches of two take 1.6 times as long as one: 20% less per sample.
     doc["profiles"] = [dict(r, forward_ms=r["forward_ms"] * 0.8, backward_ms=r["backward_ms"] * 0.8)
                        if r["micro_batch"] == 2 else r for r in doc["profiles"]]
-    scenario = parse_scenario(doc)
-    even = _even(32)
-    before = evaluate(scenario, even)
-    polished = polish_plan(scenario, even, before)
-    assert polished is not None
-    plan_doc, after = polished
+    plan_doc, before, after = _polished_even(doc)
     (pipeline,) = plan_doc.pipelines
     assert (pipeline.micro_batch_size, pipeline.num_micro_batches) == (2, 16)
     assert after.iteration_s is not None and before.iteration_s is not None
@@ -135,12 +141,7 @@ def test_polish_merges_two_stages_on_one_node_into_one_of_twice_the_tp() -> None
     doc["profiles"] += [dict(r, tp=2, forward_ms=r["forward_ms"] * 0.6,
                              backward_ms=r["backward_ms"] * 0.6)
                         for r in doc["profiles"] if r["gpu_type"] == "F"]
-    scenario = parse_scenario(doc)
-    two_stages = _even(32)
-    before = evaluate(scenario, two_stages)
-    polished = polish_plan(scenario, two_stages, before)
-    assert polished is not None
-    plan_doc, after = polished
+    plan_doc, before, after = _polished_even(doc)
     (stage,) = plan_doc.pipelines[0].stages
     assert (stage.tp, sorted(stage.gpus), tuple(stage.layers)) == (2, ["f0:0", "f0:1"], (0, 4))
     assert after.iteration_s is not None and before.iteration_s is not None
