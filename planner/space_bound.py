@@ -157,7 +157,7 @@ class _Problem:
             tps.append(tp)
         self.gpus_per_pipeline = len(self.layers) * max(tps)
         self.crossing_s = _crossing_gpu_s_per_sample(scenario, profiles)
-        self.traversal_s = _least_traversal_s(scenario, profiles)
+        self.traversal_s = _least_traversal_s(scenario, profiles, largest)
         self.least_compute_s = sum(  # infinite where some layer fits nowhere
             min((cost for (k, _), cost in self.costs.items() if k == kind), default=math.inf)
             for kind in self.layers)
@@ -237,21 +237,17 @@ class _Problem:
             for t in self.gpus:
                 if (layer, t) in flow:
                     carried.SetCoefficient(flow[(layer, t)], 1)
-        # A type's GPUs give at most their count of GPU-seconds per second.
-        for t in self.gpus:
-            seconds = solver.Constraint(-infinity, 0)
-            seconds.SetCoefficient(used[t], -1)
-            for layer, kind in enumerate(self.layers):
-                if (layer, t) in flow:
-                    seconds.SetCoefficient(flow[(layer, t)], self.costs[(kind, t)])
-        # All used GPUs together also carry every sample's blocking transfers between
-        # nodes (the rate's coefficient is set per count of crossings).
+        # A type's GPUs give at most their count of GPU-seconds per second; all used GPUs
+        # together also carry every sample's blocking transfers between nodes (`busy`: the
+        # rate's coefficient is set per count of crossings).
         busy = solver.Constraint(-infinity, 0)
         for t in self.gpus:
-            busy.SetCoefficient(used[t], -1)
-            for layer, kind in enumerate(self.layers):
-                if (layer, t) in flow:
-                    busy.SetCoefficient(flow[(layer, t)], self.costs[(kind, t)])
+            seconds = solver.Constraint(-infinity, 0)
+            for constraint in (seconds, busy):
+                constraint.SetCoefficient(used[t], -1)
+                for layer, kind in enumerate(self.layers):
+                    if (layer, t) in flow:
+                        constraint.SetCoefficient(flow[(layer, t)], self.costs[(kind, t)])
         # At most one stage per layer and pipeline, each at most the widest tp.
         gpu_cap = solver.Constraint(0, infinity)
         # The used GPUs hold every pipeline's copy of the state.
@@ -286,13 +282,12 @@ class _Problem:
         return 2 * (n - 1) / n * held * grad / (fastest * 1e9)
 
 
-def _least_traversal_s(scenario: Scenario, profiles: ProfileIndex) -> dict[int, float]:
+def _least_traversal_s(scenario: Scenario, profiles: ProfileIndex,
+                       largest_node: Counter[str]) -> dict[int, float]:
     """Per micro-batch size: the least time one micro-batch takes forward and backward
-    through every layer, each layer at its fastest type and tp (transfers left out)."""
+    through every layer, each layer at its fastest type and tp within the type's largest
+    node (transfers left out)."""
     fastest: dict[tuple[int, str], float] = {}
-    largest_node = Counter[str]()
-    for node in scenario.cluster.nodes:
-        largest_node[node.gpu_type] = max(largest_node[node.gpu_type], node.gpus)
     for point in profiles.points():
         gpu_type, kind, b, tp = point
         row = profiles.get(*point)

@@ -269,11 +269,9 @@ def _searched(
         bases = [(best, evaluation)] + [j for j in runners_up if j[0] is not best]
         # Variants are judged one full evaluation each: they get a share of the time the
         # search took, so allowing schedules costs planning time in proportion.
-        now = time.monotonic()
-        deadline = min(started + options.time_limit_s,
-                       now + max(VARIANT_MIN_S, VARIANT_SHARE * (now - started)))
-        varied = schedule_variants(scenario, tables, bases, allowed, recompute=options.recompute,
-                                   deadline=deadline)
+        varied = schedule_variants(
+            scenario, tables, bases, allowed, recompute=options.recompute,
+            deadline=_share_of_time_so_far(started, options, VARIANT_SHARE, VARIANT_MIN_S))
         # An interleaved job's plan must take a variant: the search planned it as 1F1B.
         must_change = _plan_schedule(best.plan, searched) not in allowed
         if varied is not None and options.launcher is not None and not runnable_by(
@@ -537,6 +535,14 @@ FORK_FROM_GPUS = 128
 below, it takes less time than a fork and the pickling of its plans."""
 
 
+def _share_of_time_so_far(started: float, options: SearchOptions, share: float,
+                          least_s: float) -> float:
+    """A deadline `share` of the search's time so far from now (at least `least_s`), never
+    past the time limit."""
+    now = time.monotonic()
+    return min(started + options.time_limit_s, now + max(least_s, share * (now - started)))
+
+
 def _worth_forking(tables: ScenarioTables) -> bool:
     return sum(c.num_gpus for c in tables.classes) >= FORK_FROM_GPUS
 
@@ -579,10 +585,9 @@ def _judge(
     if valid:
         _, best, best_eval = min(valid, key=lambda v: v[0])
         # Each try evaluates the whole plan: never more than a share of the time so far.
-        now = time.monotonic()
-        deadline = min(started + options.time_limit_s,
-                       now + max(POLISH_MIN_S, POLISH_SHARE * (now - started)))
-        polished = polish_plan(scenario, best.plan, best_eval, deadline=deadline)
+        polished = polish_plan(
+            scenario, best.plan, best_eval,
+            deadline=_share_of_time_so_far(started, options, POLISH_SHARE, POLISH_MIN_S))
         if polished is not None:
             best = Candidate.of(polished[0], quick_s=polished[1].iteration_s or best.quick_s,
                                 origin=f"{best.origin}, polished by simulation")

@@ -250,11 +250,10 @@ class _Enumeration:
         scenario, nodes = self.scenario, self.nodes
         depth, count = len(skeleton), len(bounds)
         starts, ends = bounds[:, :-1], bounds[:, 1:]
-        forward_ms, backward_ms, acts = (np.empty((count, depth)) for _ in range(3))
+        forward_ms, backward_ms = np.empty((count, depth)), np.empty((count, depth))
         for s, (i, tp) in enumerate(skeleton):
-            prefix = self._prefix(nodes[i].gpu_type, b, tp)
-            forward_ms[:, s], backward_ms[:, s], acts[:, s] = (
-                prefix[:, ends[:, s]] - prefix[:, starts[:, s]])
+            prefix = self._prefix(nodes[i].gpu_type, b, tp)[:2]  # activations: see _held
+            forward_ms[:, s], backward_ms[:, s] = prefix[:, ends[:, s]] - prefix[:, starts[:, s]]
         transfers = np.zeros((count, depth - 1))
         for s in range(depth - 1):
             link = link_between(scenario, nodes[skeleton[s][0]], nodes[skeleton[s + 1][0]])

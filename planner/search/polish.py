@@ -19,11 +19,13 @@ plans past MAX_GPUS none.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import time
 from collections.abc import Callable, Iterator
 
+from planner.costs import NodeIndex
 from planner.documents import Pipeline, Plan, Scenario, Schedule, Stage
 from planner.estimate import Evaluation, evaluate
 
@@ -51,13 +53,14 @@ def polish_plan(
     if evaluation.schedule == Schedule.LOCAL.value:
         return None  # under local learning every pipeline keeps the same blocks
     points = {(row.gpu_type, row.micro_batch, row.tp) for row in scenario.profiles}
+    nodes = NodeIndex(scenario)
     most = min(MAX_TRIES, max(MIN_TRIES, PIPELINE_EVALUATIONS // len(plan_doc.pipelines)))
     best, best_eval = plan_doc, evaluation
     # Merges come last, from the split the other moves settled on: taken first, a merge's
     # immediate gain led the 512-GPU GPT-Neo plan to a worse end (156.4 against 157.9).
     phases: list[Callable[[Plan, Evaluation], Iterator[Plan]]] = [
         lambda p, e: itertools.chain(_micro_batch_moves(p, points), _boundary_moves(p, e)),
-        lambda p, _: _merge_moves(p, points)]
+        lambda p, _: _merge_moves(p, points, nodes)]
     for moves in phases:
         best, best_eval = _climb(scenario, best, best_eval, moves, most, deadline)
     return None if best is plan_doc else (best, best_eval)
@@ -103,14 +106,12 @@ def _micro_batch_moves(plan_doc: Plan, points: set[tuple[str, int, int]]) -> Ite
         for size, count in ((2 * b, m // 2), (b // 2, 2 * m)):
             if size * count == b * m and size >= 1 and all(
                     (s.gpu_type, size, s.tp) in points for s in pipeline.stages):
-                chosen = set(members)
-                yield plan_doc.model_copy(update={"pipelines": [
-                    Pipeline.model_construct(micro_batch_size=size, num_micro_batches=count,
-                                             stages=q.stages) if i in chosen else q
-                    for i, q in enumerate(plan_doc.pipelines)]})
+                yield _with_shape(plan_doc, members,
+                                  functools.partial(_resized, size=size, count=count))
 
 
-def _merge_moves(plan_doc: Plan, points: set[tuple[str, int, int]]) -> Iterator[Plan]:
+def _merge_moves(plan_doc: Plan, points: set[tuple[str, int, int]], nodes: NodeIndex
+                 ) -> Iterator[Plan]:
     """Every plan with two neighbouring stages of one shape, of one type and tp and on one
     node in every replica, run as one stage of twice the tp: one transfer fewer per
     micro-batch, one stage less to fill, each GPU holding about the same parameters."""
@@ -121,16 +122,16 @@ def _merge_moves(plan_doc: Plan, points: set[tuple[str, int, int]]) -> Iterator[
             if (front.gpu_type != back.gpu_type or front.tp != back.tp
                     or (front.gpu_type, b, 2 * front.tp) not in points):
                 continue
-            if any(_node(plan_doc.pipelines[i].stages[s]) != _node(plan_doc.pipelines[i].stages[s + 1])
-                   for i in members):
+            if any(_node(nodes, plan_doc.pipelines[i].stages[s])
+                   != _node(nodes, plan_doc.pipelines[i].stages[s + 1]) for i in members):
                 continue
-            chosen = set(members)
-            yield plan_doc.model_copy(update={"pipelines": [
-                _merged(q, s) if i in chosen else q for i, q in enumerate(plan_doc.pipelines)]})
+            yield _with_shape(plan_doc, members, functools.partial(_merged, s=s))
 
 
-def _node(stage: Stage) -> str:
-    return stage.gpus[0].split(":")[0]
+def _node(nodes: NodeIndex, stage: Stage) -> str:
+    located = nodes.locate(stage.gpus[0])
+    assert located is not None, "the plan was evaluated valid"
+    return located[0].name
 
 
 def _merged(pipeline: Pipeline, s: int) -> Pipeline:
@@ -139,8 +140,7 @@ def _merged(pipeline: Pipeline, s: int) -> Pipeline:
     stages[s:s + 2] = [Stage.model_construct(
         gpu_type=front.gpu_type, tp=2 * front.tp, gpus=[*front.gpus, *back.gpus],
         layers=(front.layers[0], back.layers[1]))]
-    return Pipeline.model_construct(micro_batch_size=pipeline.micro_batch_size,
-                                    num_micro_batches=pipeline.num_micro_batches, stages=stages)
+    return _pipeline(pipeline, stages)
 
 
 def _boundary_moves(plan_doc: Plan, evaluation: Evaluation) -> Iterator[Plan]:
@@ -165,18 +165,34 @@ def _boundary_moves(plan_doc: Plan, evaluation: Evaluation) -> Iterator[Plan]:
 
 
 def _with_boundary(plan_doc: Plan, members: list[int], s: int, boundary: int) -> Plan:
+    def moved(pipeline: Pipeline) -> Pipeline:
+        stages = list(pipeline.stages)
+        front, back = stages[s], stages[s + 1]
+        stages[s] = Stage.model_construct(gpu_type=front.gpu_type, tp=front.tp,
+                                          gpus=front.gpus, layers=(front.layers[0], boundary))
+        stages[s + 1] = Stage.model_construct(gpu_type=back.gpu_type, tp=back.tp,
+                                              gpus=back.gpus, layers=(boundary, back.layers[1]))
+        return _pipeline(pipeline, stages)
+
+    return _with_shape(plan_doc, members, moved)
+
+
+def _with_shape(plan_doc: Plan, members: list[int], change: Callable[[Pipeline], Pipeline]
+                ) -> Plan:
+    """The plan with `change` made to every pipeline of a shape (`members`)."""
     chosen = set(members)
-    pipelines = []
-    for p, pipeline in enumerate(plan_doc.pipelines):
-        if p in chosen:
-            stages = list(pipeline.stages)
-            front, back = stages[s], stages[s + 1]
-            stages[s] = Stage.model_construct(gpu_type=front.gpu_type, tp=front.tp,
-                                              gpus=front.gpus, layers=(front.layers[0], boundary))
-            stages[s + 1] = Stage.model_construct(gpu_type=back.gpu_type, tp=back.tp,
-                                                  gpus=back.gpus, layers=(boundary, back.layers[1]))
-            pipeline = Pipeline.model_construct(micro_batch_size=pipeline.micro_batch_size,
-                                                num_micro_batches=pipeline.num_micro_batches,
-                                                stages=stages)
-        pipelines.append(pipeline)
-    return plan_doc.model_copy(update={"pipelines": pipelines})
+    return plan_doc.model_copy(update={"pipelines": [
+        change(pipeline) if p in chosen else pipeline
+        for p, pipeline in enumerate(plan_doc.pipelines)]})
+
+
+def _pipeline(pipeline: Pipeline, stages: list[Stage]) -> Pipeline:
+    """`pipeline` with other stages, unvalidated: moves are judged by the estimator, which
+    validates."""
+    return Pipeline.model_construct(micro_batch_size=pipeline.micro_batch_size,
+                                    num_micro_batches=pipeline.num_micro_batches, stages=stages)
+
+
+def _resized(pipeline: Pipeline, *, size: int, count: int) -> Pipeline:
+    return Pipeline.model_construct(micro_batch_size=size, num_micro_batches=count,
+                                    stages=pipeline.stages)
