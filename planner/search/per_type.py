@@ -32,7 +32,7 @@ from planner.costs import zone_link
 from planner.search.tables import ResourceClass, ScenarioTables
 from planner.search.templates import PipelineTemplate, TemplateContext, homogeneous_templates
 
-__all__ = ["ClassOption", "class_options", "heaviest_gradient", "per_type_choices"]
+__all__ = ["ClassOption", "class_options", "per_type_choices"]
 
 NUM_THRESHOLDS = 16
 """Thresholds swept (quantiles of the options' heaviest stages, all of them when fewer)."""
@@ -53,14 +53,6 @@ class ClassOption:
     min_pipelines: int = 1
     """The template's state is sized sharded over this many pipelines (ZeRO): valid only in
     plans of at least as many."""
-
-
-def heaviest_gradient(template: PipelineTemplate, params: Sequence[float]) -> float:
-    """Parameters per GPU of the template's heaviest stage (`params`: prefix sums over
-    layers): what its sync ring carries."""
-    bounds = template.partition.bounds
-    return max((params[end] - params[start]) / shape.tp
-               for start, end, shape in zip(bounds[:-1], bounds[1:], template.stages, strict=True))
 
 
 def class_options(ctx: TemplateContext, cls: ResourceClass) -> list[ClassOption]:
@@ -91,7 +83,7 @@ def per_type_choices(
     keys = np.unique(np.concatenate([g.heaviest for g in groups]))
     if len(keys) > NUM_THRESHOLDS:
         keys = np.quantile(keys, np.linspace(0.0, 1.0, NUM_THRESHOLDS), method="higher")
-    sweep = {c: c for c in (_under_threshold(groups, float(x), batch) for x in keys)}
+    sweep = {c: c for c in _under_thresholds(groups, keys, batch)}
     ring = _Ring(tables, groups)
     scored = sorted((ring.iteration_s(groups, c, batch), k) for k, c in sweep.items() if c)
     found = dict(sweep)
@@ -114,7 +106,6 @@ class _ClassArrays:
     def __init__(self, tables: ScenarioTables, group: Sequence[ClassOption]) -> None:
         self.options = list(group)
         self.key = group[0].template.stages[0].resource
-        params = tables.params.tolist()
         t = [o.template for o in group]
         self.copies = np.array([o.copies for o in group], dtype=float)
         self.min_pipelines = np.array([o.min_pipelines for o in group], dtype=float)
@@ -122,24 +113,21 @@ class _ClassArrays:
         self.fill = np.array([x.fill_s for x in t])
         self.bottleneck = np.array([x.bottleneck_s for x in t])
         self.cap = np.array([x.max_micro_batches or 10**9 for x in t], dtype=float)
-        self.tp = np.array([max(s.tp for s in x.stages) for x in t], dtype=float)
-        self.heaviest = np.array([heaviest_gradient(x, params) for x in t])
         # Per stage, parameters per GPU and layers: the sync ring's bytes and latency steps.
+        # Shallower pipelines are padded with empty stages at tp 1 (no bytes, no layers).
         depth = max(x.num_stages for x in t)
-        self.stage_params = np.zeros((len(t), depth))
-        self.stage_layers = np.zeros((len(t), depth))
-        for k, x in enumerate(t):
-            bounds = x.partition.bounds
-            for s, shape in enumerate(x.stages):
-                self.stage_params[k, s] = (params[bounds[s + 1]] - params[bounds[s]]) / shape.tp
-                self.stage_layers[k, s] = bounds[s + 1] - bounds[s]
-
-    def covered(self, target: float) -> np.ndarray:
-        """Samples each option covers by `target`, in whole micro-batches."""
-        return self.covered_at(np.arange(len(self.options)), np.full(len(self.options), target))
+        bounds = np.array([x.partition.bounds + (x.partition.bounds[-1],) * (depth - x.num_stages)
+                           for x in t])
+        tps = np.array([[s.tp for s in x.stages] + [1] * (depth - x.num_stages) for x in t],
+                       dtype=float)
+        self.tp = tps.max(axis=1)
+        self.stage_params = (tables.params[bounds[:, 1:]] - tables.params[bounds[:, :-1]]) / tps
+        self.stage_layers = (bounds[:, 1:] - bounds[:, :-1]).astype(float)
+        self.heaviest = self.stage_params.max(axis=1)
 
     def covered_at(self, index: np.ndarray, target: np.ndarray) -> np.ndarray:
-        """Samples option `index[j]` covers by `target[j]`."""
+        """Samples option `index[j]` covers by `target[j]`, in whole micro-batches (the
+        arrays broadcast)."""
         whole = np.floor((target - self.fill[index]) / self.bottleneck[index]) + 1
         whole = np.clip(whole, 0, self.cap[index])
         return self.copies[index] * self.micro_batch[index] * whole
@@ -153,25 +141,38 @@ def _covered(groups: Sequence[_ClassArrays], choice: Choice, target: np.ndarray)
     return total
 
 
-def _under_threshold(groups: Sequence[_ClassArrays], threshold: float, batch: int) -> Choice:
-    def best_at(target: float) -> Choice:
-        picks = []
-        for g in groups:
-            covered = np.where(g.heaviest <= threshold, g.covered(target), -1.0)
-            best = int(covered.argmax())
-            picks.append(best if covered[best] > 0 else -1)
-        return tuple(picks)
+def _under_thresholds(groups: Sequence[_ClassArrays], thresholds: np.ndarray, batch: int
+                      ) -> list[Choice]:
+    """Per threshold on the heaviest stage: every class takes its option under it that covers
+    the most samples by the least time at which the chosen set covers the batch (bisected,
+    all thresholds at once: coverage grows with time)."""
+    allowed = [g.heaviest[None, :] <= thresholds[:, None] for g in groups]
 
-    low, high = 0.0, 1.0
-    while _covered(groups, best_at(high), np.array([high]))[0] < batch:
-        high *= 2
-        if high > 1e9:
-            return tuple(-1 for _ in groups)
+    def best_at(target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per threshold, each class's pick (-1: none covers anything) and the samples all
+        picks cover by `target`."""
+        rows = np.arange(len(target))
+        picks, total = [], np.zeros(len(target))
+        for g, ok in zip(groups, allowed, strict=True):
+            covered = np.where(ok, g.covered_at(np.arange(len(g.options))[None, :],
+                                                target[:, None]), -1.0)
+            best = covered.argmax(axis=1)
+            value = covered[rows, best]
+            picks.append(np.where(value > 0, best, -1))
+            total += np.where(value > 0, value, 0.0)
+        return np.stack(picks, axis=1), total
+
+    low, high = np.zeros(len(thresholds)), np.ones(len(thresholds))
+    never = np.zeros(len(thresholds), dtype=bool)
+    while (short := (best_at(high)[1] < batch) & ~never).any():
+        high = np.where(short, high * 2, high)
+        never |= high > 1e9
     for _ in range(BISECTIONS):
         middle = (low + high) / 2
-        enough = _covered(groups, best_at(middle), np.array([middle]))[0] >= batch
-        low, high = (low, middle) if enough else (middle, high)
-    return best_at(high)
+        enough = best_at(middle)[1] >= batch
+        low, high = np.where(enough, low, middle), np.where(enough, middle, high)
+    picks = np.where(never[:, None], -1, best_at(high)[0])
+    return [tuple(int(i) for i in row) for row in picks.tolist()]
 
 
 def _least_times(groups: Sequence[_ClassArrays], others: Choice, moving: int, batch: int) -> np.ndarray:
