@@ -29,6 +29,8 @@ class PlanSummary:
     evaluation: dict[str, Any]
     baselines_samples_per_s: dict[str, float | None]
     unused_gpus: dict[str, str]
+    upper_bound_samples_per_s: float | None = None
+    """No plan of the scenario runs faster (plan.search; None where none was computed)."""
     plan_id: str | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -43,7 +45,9 @@ def _local_summary(result: Any) -> PlanSummary:
     return PlanSummary(status=result.status.value, wall_s=result.wall_s,
                        evaluation=result.evaluation.to_dict(),
                        baselines_samples_per_s=dict(result.baselines),
-                       unused_gpus=dict(result.unused_gpus))
+                       unused_gpus=dict(result.unused_gpus),
+                       upper_bound_samples_per_s=(result.plan.search or {}).get(
+                           "upper_bound_samples_per_s"))
 
 
 def _server_summary(answer: dict[str, Any]) -> PlanSummary:
@@ -51,7 +55,9 @@ def _server_summary(answer: dict[str, Any]) -> PlanSummary:
     return PlanSummary(status=answer["status"], wall_s=answer["wall_s"],
                        evaluation=answer["evaluation"],
                        baselines_samples_per_s=search.get("baselines_samples_per_s") or {},
-                       unused_gpus=answer.get("unused_gpus") or {}, plan_id=answer.get("id"))
+                       unused_gpus=answer.get("unused_gpus") or {},
+                       upper_bound_samples_per_s=search.get("upper_bound_samples_per_s"),
+                       plan_id=answer.get("id"))
 
 
 def plan_command(
@@ -309,6 +315,10 @@ def _print_summary(summary: PlanSummary) -> None:
         gain = f"{rate / baseline:.2f}x" if baseline else "no valid plan"
         shown = f"{baseline:.2f} samples/s" if baseline else "-"
         console.print(f"baseline {name}: {shown}; hetplan gains {gain}")
+    bound = summary.upper_bound_samples_per_s
+    if bound:
+        console.print(f"upper bound: {bound:.2f} samples/s; no plan runs faster, this one is "
+                      f"at {rate / bound:.0%} of it")
     for line in idle_lines(summary.unused_gpus):
         console.print(line, markup=False, highlight=False)
     console.print(f"status {summary.status}, {len(summary.unused_gpus)} GPU(s) left idle, "

@@ -87,6 +87,8 @@ def test_plan_json_summary_on_stdout(tmp_path: Path) -> None:
     assert summary["iteration_s"] == plan["estimate"]["iteration_s"]
     assert summary["status"] == plan["search"]["status"]
     assert set(summary["baselines_samples_per_s"]) == set(plan["search"]["baselines_samples_per_s"])
+    assert summary["upper_bound_samples_per_s"] == plan["search"]["upper_bound_samples_per_s"]
+    assert summary["samples_per_s"] <= summary["upper_bound_samples_per_s"]
     assert summary["output"] == str(out)
 
 
@@ -117,6 +119,7 @@ def test_plan_on_a_server_prints_what_a_local_run_prints(tmp_path: Path) -> None
                                      "-o", str(tmp_path / "remote.json")])
     assert local.exit_code == remote.exit_code == 0, (local.output, remote.output)
     assert "baseline" in local.stderr and "left idle" in local.stderr
+    assert "upper bound: " in local.stderr
     assert summary_shape(remote.stderr) == summary_shape(local.stderr)
     assert "on the server" in remote.stderr
 
