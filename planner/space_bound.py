@@ -27,6 +27,11 @@ model bound the iteration time of any plan in that class:
 - **Fill and drain** (1F1B and GPipe): the pipeline with the largest batch
   share takes at least a micro-batch's fastest traversal over the fraction of
   its stages a schedule can keep busy (least_pipeline_s).
+- **Rings inside nodes** (2 <= n <= node size): a layer's ring stays on one node
+  only where every pipeline holds that layer on the node where the smallest
+  pipeline does. If D nodes hold such layers, every pipeline crosses at least
+  D - 1 times and those D nodes compute the layers for every sample; the other
+  layers sync between nodes (`_ring_classes`, `_Rings`).
 
 What is left out (micro-batch size coupled to activation memory and to the
 number of micro-batches, tp coupled to stage count) keeps the bound loose
@@ -39,6 +44,8 @@ without their own linear program, and those that cannot win are skipped.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from collections import Counter
 from collections.abc import Collection, Iterator
@@ -55,6 +62,8 @@ ONE_BY_ONE = 8
 CROSSINGS_ONE_BY_ONE = 16
 """The same for node crossings: deep pipelines over slow links are where the bound is
 decided, and a range prices crossings at its fewest and sync at its most."""
+RING_NODES_ONE_BY_ONE = 4
+"""Nodes holding the layers whose rings stay inside a node: one by one up to this many."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,12 +95,14 @@ def space_bound(scenario: Scenario,
         fill_s = problem.least_pipeline_s(batch / high)
         for crossings, most_crossings in _counts(problem.most_crossings(low), start=0,
                                                    one_by_one=CROSSINGS_ONE_BY_ONE):
-            capped = min(unhindered, problem.most_with_crossings(high, crossings))
             sync_s = problem.least_sync_s(low, high, most_crossings)
-            classes.append((max(batch / capped, fill_s) + sync_s, low, high, crossings, capped,
-                            fill_s, sync_s))
+            for charged, rings in _ring_classes(problem, low, crossings, most_crossings, sync_s):
+                capped = min(unhindered, problem.most_with_crossings(high, charged))
+                classes.append((rings.least_s(max(batch / capped, fill_s)), low, high, charged,
+                                capped, fill_s, rings))
     best: SpaceBound | None = None
-    for optimistic, low, high, crossings, capped, fill_s, sync_s in sorted(classes):
+    for optimistic, low, high, crossings, capped, fill_s, rings in sorted(
+            classes, key=lambda c: c[:4]):
         if best is not None and optimistic * (1 - 1e-9) >= best.iteration_s:
             break
         rate = capped if crossings == 0 else min(capped, problem.most_samples_per_s(
@@ -100,7 +111,7 @@ def space_bound(scenario: Scenario,
         if rate <= 0:
             continue
         # Where a term is tight it may round a hair above the estimator's own sums.
-        seconds = (max(batch / rate, fill_s) + sync_s) * (1 - 1e-9)
+        seconds = rings.least_s(max(batch / rate, fill_s)) * (1 - 1e-9)
         if best is None or seconds < best.iteration_s:
             best = SpaceBound(iteration_s=seconds, samples_per_s=batch / seconds,
                               num_pipelines=(low, high))
@@ -132,6 +143,7 @@ class _Problem:
             self.gpus[node.gpu_type] += node.gpus
             largest[node.gpu_type] = max(largest[node.gpu_type], node.gpus)
         self.num_gpus = sum(self.gpus.values())
+        self.num_nodes = len(scenario.cluster.nodes)
         self.largest_node = max(largest.values())
         profiles = ProfileIndex(scenario.profiles)
         # Per (layer kind, type): the least GPU-seconds per sample over points whose
@@ -158,10 +170,26 @@ class _Problem:
         self.gpus_per_pipeline = len(self.layers) * max(tps)
         self.crossing_s = _crossing_gpu_s_per_sample(scenario, profiles)
         self.traversal_s = _least_traversal_s(scenario, profiles, largest)
-        self.least_compute_s = sum(  # infinite where some layer fits nowhere
-            min((cost for (k, _), cost in self.costs.items() if k == kind), default=math.inf)
-            for kind in self.layers)
+        least = [min((cost for (k, _), cost in self.costs.items() if k == kind), default=math.inf)
+                 for kind in self.layers]
+        self.least_compute_s = sum(least)  # infinite where some layer fits nowhere
         self._program: tuple[Any, Any, Any, Any, Any] | None = None
+        self._solved: dict[tuple[int, int, int], float] = {}
+        cluster = scenario.cluster
+        self.between_nodes_bytes_per_s = 1e9 * max(
+            link.bandwidth_gb_per_s for link in [cluster.inter_node, *cluster.inter_zone])
+        self.total_params = float(sum(self.params))
+        # Layers by parameters per least GPU-second (a fractional knapsack's order), with
+        # cumulative compute and parameters: the most parameters that much compute holds.
+        ordered = sorted((layer for layer in range(len(self.layers)) if math.isfinite(least[layer])),
+                         key=lambda layer: -self.params[layer] / least[layer]
+                         if least[layer] > 0 else -math.inf)
+        self._densities = [-self.params[layer] / least[layer] if least[layer] > 0 else -math.inf
+                           for layer in ordered]  # ascending: negated
+        self.knapsack_compute = list(itertools.accumulate(
+            (least[layer] for layer in ordered), initial=0.0))
+        self._knapsack_params = list(itertools.accumulate(
+            (float(self.params[layer]) for layer in ordered), initial=0.0))
 
     def most_with_crossings(self, most_pipelines: int, crossings: int) -> float:
         """Samples/s of at most `most_pipelines` pipelines that each cross between nodes at
@@ -196,8 +224,13 @@ class _Problem:
     def most_crossings(self, fewest_pipelines: int) -> int:
         """The most node crossings the smallest pipeline is sure to make, when there are at
         least `fewest_pipelines` pipelines (it has at most its share of the GPUs)."""
-        smallest = min(self.gpus_per_pipeline, self.num_gpus // fewest_pipelines)
-        return max(0, -(-smallest // self.largest_node) - 1)
+        return max(0, -(-self.smallest_gpus(fewest_pipelines, None) // self.largest_node) - 1)
+
+    def smallest_gpus(self, fewest_pipelines: int, crossings: int | None) -> int:
+        """The most GPUs the smallest pipeline has, with at least `fewest_pipelines`
+        pipelines and, where given, at most `crossings` crossings that its size forces."""
+        most = min(self.gpus_per_pipeline, self.num_gpus // fewest_pipelines)
+        return most if crossings is None else min(most, (crossings + 1) * self.largest_node)
 
     def most_samples_per_s(self, *, most_gpus: int, fewest_pipelines: int,
                            crossings: int) -> float:
@@ -206,17 +239,26 @@ class _Problem:
         `crossings` times. Built once; only three coefficients change."""
         from ortools.linear_solver import pywraplp  # loaded only when a bound is asked for
 
+        # Classes of pipelines and crossings often ask the same program (no more GPUs than
+        # there are): solved once.
+        key = (min(most_gpus, self.num_gpus), fewest_pipelines, crossings)
+        known = self._solved.get(key)
+        if known is not None:
+            return known
         if self._program is None:
             self._program = self._build()
         solver, rate, gpu_cap, memory, busy = self._program
-        gpu_cap.SetUb(float(most_gpus))
+        gpu_cap.SetUb(float(key[0]))
         busy.SetCoefficient(rate, crossings * self.crossing_s)
         per_param = state_bytes_per_param(self.scenario, fewest_pipelines).total
         memory.SetLb(fewest_pipelines * sum(self.params) * per_param)
         if solver.Solve() != pywraplp.Solver.OPTIMAL:
-            return 0.0
-        # The solver's own tolerance could only overstate the rate by a hair: pad it.
-        return float(rate.solution_value()) * (1 + 1e-7)
+            found = 0.0
+        else:
+            # The solver's own tolerance could only overstate the rate by a hair: pad it.
+            found = float(rate.solution_value()) * (1 + 1e-7)
+        self._solved[key] = found
+        return found
 
     def _build(self) -> tuple[Any, Any, Any, Any, Any]:
         from ortools.linear_solver import pywraplp
@@ -259,6 +301,33 @@ class _Problem:
         solver.Maximize(rate)
         return solver, rate, gpu_cap, memory, busy
 
+    def params_within(self, compute_s: float) -> float:
+        """The most parameters of layers whose compute (each at its least GPU-seconds per
+        sample, a layer counted in part for part of its compute) adds up to `compute_s`."""
+        cumulative, params = self.knapsack_compute, self._knapsack_params
+        j = bisect.bisect_right(cumulative, compute_s) - 1
+        if j >= len(cumulative) - 1:
+            return params[-1]
+        share = (compute_s - cumulative[j]) / (cumulative[j + 1] - cumulative[j])
+        return params[j] + share * (params[j + 1] - params[j])
+
+    def compute_above_density(self, density: float) -> float:
+        """The compute of the layers holding more than `density` parameters per GPU-second
+        (the knapsack's first ones)."""
+        return self.knapsack_compute[bisect.bisect_left(self._densities, -density)]
+
+    def compute_holding(self, held: float) -> float:
+        """The least compute whose layers hold `held` parameters (`params_within`'s
+        inverse)."""
+        cumulative, params = self.knapsack_compute, self._knapsack_params
+        j = bisect.bisect_left(params, held)
+        if j >= len(params):
+            return math.inf
+        if j == 0:
+            return 0.0
+        share = (held - params[j - 1]) / (params[j] - params[j - 1])
+        return cumulative[j - 1] + share * (cumulative[j] - cumulative[j - 1])
+
     def least_sync_s(self, low: int, high: int, crossings: int) -> float:
         """The least sync of any plan with `low` to `high` pipelines whose smallest pipeline
         crosses between nodes no more than `crossings` times (0 for one pipeline)."""
@@ -274,12 +343,88 @@ class _Problem:
                                                                *cluster.inter_zone])
         # The smallest pipeline spreads the model over at most `smallest` GPUs, and all
         # pipelines together over at most `used`: some GPU holds the larger share.
-        smallest = min((crossings + 1) * self.largest_node, self.gpus_per_pipeline,
-                       self.num_gpus // low)
+        smallest = self.smallest_gpus(low, crossings)
         used = min(self.num_gpus, high * self.gpus_per_pipeline)
         held = sum(self.params) * max(1 / smallest, n / used)
         grad = self.scenario.job.grad_bytes  # all-reduced whatever ZeRO shards
         return 2 * (n - 1) / n * held * grad / (fastest * 1e9)
+
+
+def _ring_classes(problem: _Problem, low: int, crossings: int, most_crossings: int,
+                  sync_s: float) -> Iterator[tuple[int, _Rings]]:
+    """The crossings every pipeline makes at least, with the rings' term, of the plans of a
+    class (`low` or more pipelines; the smallest one's size forcing `crossings` to
+    `most_crossings` crossings), split by D, the number of nodes holding the layers whose
+    rings stay inside a node. Those rings need every pipeline's holder of their layer on
+    the node where the smallest pipeline holds it, so every pipeline visits all D nodes
+    (at least D - 1 crossings, which its size may already force) and those nodes compute
+    the layers for every sample. Without a node's worth of pipelines or fewer, no ring
+    stays inside a node beyond what `least_sync_s` counts: one class."""
+    if not 2 <= low <= problem.largest_node:
+        yield crossings, _Rings(problem, sync_s)
+        return
+    smallest = problem.smallest_gpus(low, most_crossings)
+    most_nodes = min(smallest, problem.num_nodes)  # each a node of the smallest pipeline
+    first = min(crossings + 1, most_nodes)  # no more crossings than its size forces
+    yield crossings, _Rings(problem, sync_s, low=low, smallest=smallest, nodes=first)
+    for nodes_low, nodes in _counts(most_nodes, start=first + 1, one_by_one=RING_NODES_ONE_BY_ONE):
+        # Charged as the crossing counts of the classes above (at most D - 1): the same
+        # linear programs, solved once.
+        yield _crossings_floor(nodes_low - 1), _Rings(problem, sync_s, low=low,
+                                                      smallest=smallest, nodes=nodes)
+
+
+def _crossings_floor(crossings: int) -> int:
+    """The largest crossing count at most `crossings` that starts a range of `_counts`
+    over crossings (one by one up to CROSSINGS_ONE_BY_ONE + 1, then doubling)."""
+    low = CROSSINGS_ONE_BY_ONE + 1
+    if crossings <= low:
+        return crossings
+    while 2 * low <= crossings:
+        low *= 2
+    return low
+
+
+class _Rings:
+    """The least iteration of plans whose pipelines take at least a given time t0: that time
+    plus their least sync. Sync is at least `sync_s`; and where the layers whose rings stay
+    inside a node are computed on at most `nodes` nodes, in a pipeline time t those nodes
+    give at most (their GPUs x t) GPU-seconds, so those layers hold at most the parameters
+    a fractional knapsack packs into that compute (each layer at its least GPU-seconds per
+    sample). The other layers sync between nodes, spread over at most the smallest
+    pipeline's GPUs. A longer pipeline time lets more rings stay inside: the least total is
+    a minimum over t >= t0 of a convex, piecewise linear function, read at its
+    breakpoints."""
+
+    def __init__(self, problem: _Problem, sync_s: float, *, low: int = 1, smallest: int = 1,
+                 nodes: int = 0) -> None:
+        self.problem = problem
+        self.sync_s = sync_s
+        self.inside_gpus = min(problem.num_gpus, nodes * problem.largest_node)
+        # Sync seconds per parameter whose ring leaves a node (none with one pipeline).
+        self.per_param_s = 0.0 if low < 2 else (
+            2 * (low - 1) / low * problem.scenario.job.grad_bytes
+            / (smallest * problem.between_nodes_bytes_per_s))
+
+    def least_s(self, pipeline_s: float) -> float:
+        problem, batch = self.problem, self.problem.scenario.job.global_batch_size
+        if self.per_param_s <= 0 or not math.isfinite(pipeline_s):
+            return pipeline_s + self.sync_s
+        if self.inside_gpus <= 0:  # no ring stays inside a node
+            return pipeline_s + max(self.sync_s, self.per_param_s * problem.total_params)
+        # t + per_param_s x (parameters whose rings leave a node at t) falls while the
+        # knapsack's next layer holds more than batch / (per_param_s x inside GPUs)
+        # parameters per GPU-second, and the other term stops it where the two meet: the
+        # least is at the first of those two times, or at the least time given.
+        enough = problem.total_params - self.sync_s / self.per_param_s
+        if enough <= 0:  # the rings that leave a node never sync longer than `sync_s`
+            return pipeline_s + self.sync_s
+        per_gpu_s = self.inside_gpus / batch
+        turn = min(problem.compute_above_density(1 / (self.per_param_s * per_gpu_s)),
+                   problem.compute_holding(enough)) / per_gpu_s
+        t = max(pipeline_s, turn)
+        return t + max(self.sync_s, self.per_param_s * (
+            problem.total_params - problem.params_within(per_gpu_s * t)))
 
 
 def _least_traversal_s(scenario: Scenario, profiles: ProfileIndex,

@@ -46,8 +46,8 @@ def _local_summary(result: Any) -> PlanSummary:
                        evaluation=result.evaluation.to_dict(),
                        baselines_samples_per_s=dict(result.baselines),
                        unused_gpus=dict(result.unused_gpus),
-                       upper_bound_samples_per_s=(result.plan.search or {}).get(
-                           "upper_bound_samples_per_s"))
+                       upper_bound_samples_per_s=(getattr(result.plan, "search", None)
+                                                  or {}).get("upper_bound_samples_per_s"))
 
 
 def _server_summary(answer: dict[str, Any]) -> PlanSummary:

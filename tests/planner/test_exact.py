@@ -155,6 +155,10 @@ def test_exact_mode_equals_brute_force_on_random_tiny_scenarios(doc: dict[str, A
 def test_no_optimum_beats_the_upper_bound(doc: dict[str, Any]) -> None:
     # Random tiny scenarios put transfers and rings over slow links beside fast compute:
     # where the bound's crossing, sync and fill terms would overreach, an optimum shows it.
+    assert_optimum_within_the_bound(doc)
+
+
+def assert_optimum_within_the_bound(doc: dict[str, Any]) -> None:
     scenario = parse_scenario(doc)
     found = exact_optimum(scenario)
     bound = space_bound(scenario)
@@ -162,6 +166,27 @@ def test_no_optimum_beats_the_upper_bound(doc: dict[str, Any]) -> None:
         return
     assert bound is not None
     assert found.evaluation.samples_per_s <= bound.samples_per_s
+
+
+@st.composite
+def random_four_gpus(draw: st.DrawFn) -> dict[str, Any]:
+    """`random_tiny` on four GPUs, nodes of two GPUs among them, links between nodes from
+    ten times slower than the slowest of `random_tiny` to as fast: where up to a node's worth
+    of pipelines can keep some rings inside nodes and not others."""
+    doc = draw(random_tiny())
+    sizes = draw(st.sampled_from([[2, 2], [2, 1, 1], [3, 1]]))
+    types = list(doc["gpu_types"])
+    doc["cluster"]["nodes"] = [
+        {"name": f"n{i}", "gpu_type": types[-1] if i == len(sizes) - 1 else types[0],
+         "gpus": gpus, "nics": draw(st.integers(1, 2))} for i, gpus in enumerate(sizes)]
+    doc["cluster"]["inter_node"]["bandwidth_gb_per_s"] = draw(st.sampled_from([0.1, 1, 10]))
+    return doc
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_four_gpus())
+def test_no_optimum_on_two_gpu_nodes_beats_the_upper_bound(doc: dict[str, Any]) -> None:
+    assert_optimum_within_the_bound(doc)
 
 
 @pytest.mark.parametrize(("batch", "slow"), [(2, 1.0), (4, 2.5), (6, 1.5)])

@@ -13,8 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from planner import SearchOptions, evaluate, parse_plan, parse_scenario, plan
+from planner.documents import Schedule
 from planner.fleet import node_subsets
-from planner.space_bound import space_bound
+from planner.space_bound import _Problem, _Rings, space_bound
 from tests.planner.scenarios import tiny
 
 DATA = Path(__file__).resolve().parent.parent / "data"
@@ -144,15 +145,22 @@ def deep_or_shallow() -> dict[str, Any]:
     """Eight GPUs on four 2-GPU nodes and eight equal layers with a big gradient over a
     slow network: shallow pipelines compute best (no transfers, no bubble), deeper ones
     sync less since each GPU holds fewer parameters."""
+    return equal_layers_on_two_gpu_nodes(layers=8, nodes=4, params=400_000_000,
+                                         output_bytes=1_000_000, batch=64)
+
+
+def equal_layers_on_two_gpu_nodes(*, layers: int, nodes: int, params: int, output_bytes: int,
+                                  batch: int) -> dict[str, Any]:
+    """Equal layers of 10 + 20 ms per sample on 2-GPU nodes joined by 1 GB/s, 80 GiB each."""
     doc = tiny()
-    doc["model"]["layers"] = ["b"] * 8
-    doc["model"]["kinds"] = {"b": {"params": 400_000_000, "output_bytes_per_sample": 1_000_000}}
+    doc["model"]["layers"] = ["b"] * layers
+    doc["model"]["kinds"] = {"b": {"params": params, "output_bytes_per_sample": output_bytes}}
     doc["gpu_types"]["G"]["memory_gib"] = 80
-    doc["cluster"]["nodes"] = [{"name": f"n{i}", "gpu_type": "G", "gpus": 2} for i in range(4)]
+    doc["cluster"]["nodes"] = [{"name": f"n{i}", "gpu_type": "G", "gpus": 2} for i in range(nodes)]
     doc["cluster"]["inter_node"] = {"bandwidth_gb_per_s": 1, "latency_us": 0}
     doc["profiles"] = [{"gpu_type": "G", "kind": "b", "micro_batch": 1, "tp": 1,
                         "forward_ms": 10, "backward_ms": 20, "activation_bytes": 1_000_000}]
-    doc["job"] = {"global_batch_size": 64, "grad_bytes": 4, "reserved_gib": 0}
+    doc["job"] = {"global_batch_size": batch, "grad_bytes": 4, "reserved_gib": 0}
     return doc
 
 
@@ -248,6 +256,55 @@ def test_the_upper_bound_counts_transfers_of_pipelines_that_must_cross_nodes() -
     assert optimum.evaluation.samples_per_s <= bound.samples_per_s
     compute_only = 4 / 60e-3  # every GPU computing all the time, nothing else
     assert bound.samples_per_s < 0.5 * compute_only
+
+
+def test_the_upper_bound_counts_rings_that_must_leave_a_node_once_pipelines_fill_two() -> None:
+    # Two 2-GPU nodes, a 1 GB/s link between them and 50 MB per sample between layers:
+    # pipelines that cross nodes pay 200 ms of blocking transfers per sample beside 120 ms
+    # of compute, and pipelines that stay inside nodes sync 200-800 MB of gradients across
+    # them, unless they all sit on one node, which leaves the other idle.
+    scenario = parse_scenario(equal_layers_on_two_gpu_nodes(
+        layers=4, nodes=2, params=200_000_000, output_bytes=50_000_000, batch=8))
+    optimum = plan(scenario, SearchOptions(exact=True))
+    assert optimum.status.value == "optimal" and optimum.evaluation.samples_per_s is not None
+    bound = space_bound(scenario)
+    assert bound is not None
+    assert optimum.evaluation.samples_per_s <= bound.samples_per_s
+    # Taken apart, rings inside a node and pipelines inside a node would allow two
+    # pipelines on both nodes at almost the compute bound; together they allow half of it.
+    compute_only = 4 / 120e-3
+    assert bound.samples_per_s < 0.55 * compute_only
+
+
+@settings(max_examples=200, deadline=None)
+@given(sync_s=st.floats(0.0, 3.0), low=st.integers(2, 4), smallest=st.integers(1, 8),
+       nodes=st.integers(1, 3), pipeline_s=st.floats(0.001, 0.5),
+       params=st.lists(st.integers(1, 400), min_size=2, max_size=4))
+def test_the_rings_term_is_its_least_over_every_pipeline_time(
+        sync_s: float, low: int, smallest: int, nodes: int, pipeline_s: float,
+        params: list[int]) -> None:
+    """The bound's rings term (pipeline time plus sync, rings inside nodes limited by the
+    compute of the nodes holding them) is read at one point of a convex function: it must
+    be that function's least over every pipeline time from the one given, never above it
+    (a bound above the least would rule out plans that exist)."""
+    doc = tiny()
+    doc["model"]["layers"] = [f"k{i}" for i in range(len(params))]
+    doc["model"]["kinds"] = {f"k{i}": {"params": m * 1_000_000, "output_bytes_per_sample": 0}
+                             for i, m in enumerate(params)}
+    doc["cluster"]["inter_node"] = {"bandwidth_gb_per_s": 1, "latency_us": 0}
+    doc["profiles"] = [{"gpu_type": "G", "kind": f"k{i}", "micro_batch": 1, "tp": 1,
+                        "forward_ms": 1 + i, "backward_ms": 2 + 3 * i, "activation_bytes": 0}
+                       for i in range(len(params))]
+    doc["job"] = {"global_batch_size": 16, "grad_bytes": 4, "reserved_gib": 0}
+    problem = _Problem(parse_scenario(doc), {Schedule.ONE_F_ONE_B})
+    rings = _Rings(problem, sync_s, low=low, smallest=smallest, nodes=nodes)
+    least = rings.least_s(pipeline_s)
+    assert least >= pipeline_s + sync_s - 1e-12
+    inside_per_s = rings.inside_gpus / 16
+    for step in range(2001):
+        t = pipeline_s + step * 0.0005
+        leaving = problem.total_params - problem.params_within(inside_per_s * t)
+        assert least <= t + max(sync_s, rings.per_param_s * leaving) + 1e-9
 
 
 @pytest.mark.parametrize("launcher", ["megatron", "deepspeed", "torchtitan"])
