@@ -422,6 +422,8 @@ def _sync_per_stage(
     hop_cache: dict[tuple[str, str], tuple[float, float]] = {}
     ring: tuple[float, float] = (0.0, 0.0)
     previous: list[int] | None = None
+    share, steps = 2 * (n - 1) / n, 2 * (n - 1)  # of the bytes, and ring steps
+    tps = [[stage.tp for stage in pipeline.stages] for pipeline in plan.pipelines]
     for holders, params in rings:
         # Consecutive layers held by the same stages share one ring.
         if holders != previous:
@@ -434,10 +436,9 @@ def _sync_per_stage(
                 hops.append(hop_cache[key])
             ring, previous = ring_cost(hops), holders
         bandwidth, latency = ring
+        volume, waits = share * params * grad_bytes, steps * latency
         for p, s in enumerate(holders):
-            tp = plan.pipelines[p].stages[s].tp
-            sync[p][s] += (2 * (n - 1) / n * params * grad_bytes / tp / bandwidth
-                           + 2 * (n - 1) * latency)
+            sync[p][s] += volume / tps[p][s] / bandwidth + waits
     return sync
 
 
