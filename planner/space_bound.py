@@ -251,7 +251,7 @@ class _Problem:
         gpu_cap.SetUb(float(key[0]))
         busy.SetCoefficient(rate, crossings * self.crossing_s)
         per_param = state_bytes_per_param(self.scenario, fewest_pipelines).total
-        memory.SetLb(fewest_pipelines * sum(self.params) * per_param)
+        memory.SetLb(fewest_pipelines * self.total_params * per_param)
         if solver.Solve() != pywraplp.Solver.OPTIMAL:
             found = 0.0
         else:
@@ -334,20 +334,17 @@ class _Problem:
         n = low
         if n <= 1:
             return 0.0
-        cluster = self.scenario.cluster
+        fastest = self.between_nodes_bytes_per_s
         if n <= self.largest_node:  # every holder of a layer could sit on one node
-            fastest = max(link.bandwidth_gb_per_s for link in
-                          [*cluster.intra_node.values(), cluster.inter_node, *cluster.inter_zone])
-        else:
-            fastest = max(link.bandwidth_gb_per_s for link in [cluster.inter_node,
-                                                               *cluster.inter_zone])
+            fastest = max(fastest, 1e9 * max(link.bandwidth_gb_per_s
+                                             for link in self.scenario.cluster.intra_node.values()))
         # The smallest pipeline spreads the model over at most `smallest` GPUs, and all
         # pipelines together over at most `used`: some GPU holds the larger share.
         smallest = self.smallest_gpus(low, crossings)
         used = min(self.num_gpus, high * self.gpus_per_pipeline)
-        held = sum(self.params) * max(1 / smallest, n / used)
+        held = self.total_params * max(1 / smallest, n / used)
         grad = self.scenario.job.grad_bytes  # all-reduced whatever ZeRO shards
-        return 2 * (n - 1) / n * held * grad / (fastest * 1e9)
+        return 2 * (n - 1) / n * held * grad / fastest
 
 
 def _ring_classes(problem: _Problem, low: int, crossings: int, most_crossings: int,
@@ -375,14 +372,9 @@ def _ring_classes(problem: _Problem, low: int, crossings: int, most_crossings: i
 
 
 def _crossings_floor(crossings: int) -> int:
-    """The largest crossing count at most `crossings` that starts a range of `_counts`
-    over crossings (one by one up to CROSSINGS_ONE_BY_ONE + 1, then doubling)."""
-    low = CROSSINGS_ONE_BY_ONE + 1
-    if crossings <= low:
-        return crossings
-    while 2 * low <= crossings:
-        low *= 2
-    return low
+    """The largest crossing count at most `crossings` that starts a range of the classes'
+    crossing counts (`_counts`)."""
+    return max(low for low, _ in _counts(crossings, start=0, one_by_one=CROSSINGS_ONE_BY_ONE))
 
 
 class _Rings:
