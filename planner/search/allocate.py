@@ -10,6 +10,7 @@ classes that CP-SAT solves under a time limit, seeded with a greedy solution.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Sequence
@@ -21,13 +22,18 @@ from ortools.linear_solver import pywraplp
 from planner.search.tables import ScenarioTables
 from planner.search.templates import PipelineTemplate, StageShape
 
-__all__ = ["Allocation", "allocate", "prune", "pareto"]
+__all__ = ["RUNNERS_UP", "Allocation", "allocate", "prune", "pareto"]
 
 SCALE = 1000.0  # CP-SAT works in integers: samples are scaled to thousandths
 MODEL_TEMPLATES = 80  # templates offered to one knapsack
 DINKELBACH_STEPS = 2
 """Knapsacks per allocation. Each search runs a dozen allocations (caps, sync subsets);
 a third step changed no plan on the benchmark scenarios."""
+RUNNERS_UP = 2
+"""Allocations after the best, each with one more template banned, where the search asks
+for them."""
+RUNNER_UP_STEPS = 1
+"""Knapsacks per runner-up: their allocations are drafts, not the proven optimum."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,24 +73,61 @@ def allocate(
     max_pipelines: int | None,
     time_limit_s: float,
     num_workers: int = 1,
+    runners_up: int = 0,
 ) -> Allocation | None:
-    """Pipelines per template that cover the global batch soonest, within GPU limits."""
-    batch = tables.scenario.job.global_batch_size
+    """Pipelines per template that cover the global batch soonest, within GPU limits. With
+    `runners_up`, that many more iterations each ban one more template: the one holding
+    the most GPUs in the allocation before (their allocations are only `visited`). Many
+    allocations lie within a fraction of a percent of each other in the linear model,
+    which sees neither the sync rings nor placement: which of them the knapsack returns
+    is chance, and the estimator may rank another first."""
     deadline = time.monotonic() + time_limit_s
     usage = _usage_table(tables, templates)
     offer = _Offer(templates)
-    counts = _greedy(tables, offer, usage, max_pipelines)
+    best = _iterate(tables, templates, offer, usage, max_pipelines, deadline, num_workers,
+                    banned=set())
+    if best is None:
+        return None
+    visited = list(best.visited)
+    banned: set[int] = set()
+    latest = best.counts
+    for _ in range(runners_up):
+        banned.add(max(latest, key=lambda k: (latest[k] * templates[k].num_gpus, -k)))
+        other = _iterate(tables, templates, offer, usage, max_pipelines, deadline, num_workers,
+                         banned=banned, steps=RUNNER_UP_STEPS)
+        if other is None:
+            break
+        visited += other.visited
+        latest = other.counts
+    return dataclasses.replace(best, visited=tuple(visited))
+
+
+def _iterate(
+    tables: ScenarioTables,
+    templates: Sequence[PipelineTemplate],
+    offer: _Offer,
+    usage: dict[int, dict[Row, int]],
+    max_pipelines: int | None,
+    deadline: float,
+    num_workers: int,
+    *,
+    banned: set[int],
+    steps: int = DINKELBACH_STEPS,
+) -> Allocation | None:
+    """Dinkelbach's iteration from the greedy allocation, without the `banned` templates."""
+    batch = tables.scenario.job.global_batch_size
+    counts = _greedy(tables, offer, usage, max_pipelines, banned)
     if not counts:
         return None
     target = _finish_time(templates, counts, batch)
     proven, converged = True, False
     visited = [counts]
-    for _ in range(DINKELBACH_STEPS):
+    for _ in range(steps):
         remaining = deadline - time.monotonic()
         if remaining <= 0.01:
             break
         solved, optimal = _knapsack(tables, templates, offer, usage, target, counts,
-                                    max_pipelines, remaining, num_workers)
+                                    max_pipelines, remaining, num_workers, banned)
         proven = proven and optimal
         if not solved:
             break
@@ -136,6 +179,7 @@ def _greedy(
     offer: _Offer,
     usage: dict[int, dict[tuple[tuple[str, str | None], int], int]],
     max_pipelines: int | None,
+    banned: set[int],
 ) -> dict[int, int]:
     """Fill GPUs with the templates of best throughput per GPU: the solver's hint."""
     rows = tables.resource_rows
@@ -144,6 +188,8 @@ def _greedy(
     counts: dict[int, int] = {}
     total = 0
     for k in order.tolist():
+        if k in banned:
+            continue
         need = usage[k]
         while max_pipelines is None or total < max_pipelines:
             if any(need[row] > free[row] for row in need):
@@ -165,12 +211,14 @@ def _knapsack(
     max_pipelines: int | None,
     time_limit_s: float,
     num_workers: int,
+    banned: set[int],
 ) -> tuple[dict[int, int] | None, bool]:
     """Maximise samples covered by time `target_s`; (counts, proven optimal)."""
     # Data: value of one pipeline of each template at the target time; the knapsack keeps the
     # templates of most value per GPU (an optimum uses few distinct ones) and the hint's.
     covered = offer.slope * target_s + offer.intercept
     useful = (covered > 0) & (offer.fill <= target_s)
+    useful[list(banned)] = False
     candidates = np.flatnonzero(useful)
     ranked = candidates[np.argsort(-covered[candidates] / offer.gpus[candidates], kind="stable")]
     value = {k: round(float(covered[k]) * SCALE)

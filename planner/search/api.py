@@ -27,7 +27,7 @@ from typing import Any
 from planner.documents import Plan, Scenario, Schedule
 from planner.errors import Infeasible
 from planner.estimate import Evaluation, estimate_section, evaluate
-from planner.search.allocate import Allocation, allocate, pareto, prune
+from planner.search.allocate import RUNNERS_UP, Allocation, allocate, pareto, prune
 from planner.search.aside import Aside
 from planner.search.baselines import as_per_type, launcher_baselines, per_type_candidates
 from planner.search.diagnose import infeasibility_reason, no_plan_reason
@@ -382,7 +382,7 @@ def _allocation_candidates(
         return [], False
     budget = max(options.time_limit_s * 0.5, 0.05)
     free = allocate(tables, templates, max_pipelines=None, time_limit_s=budget / 4,
-                    num_workers=options.num_workers)
+                    num_workers=options.num_workers, runners_up=RUNNERS_UP)
     if free is None:
         return [], False
     add_drafts(free, templates, None)
@@ -411,16 +411,23 @@ def _allocation_candidates(
     runs += [(None, subset) for confined in _confined_subsets(tables, templates)
              for subset in _sync_filtered(confined, num_free)[:2]]
 
-    def solve(cap_value: int | None, subset: list[PipelineTemplate]) -> Allocation | None:
+    def solve(cap_value: int | None, subset: list[PipelineTemplate], runners_up: int
+              ) -> Allocation | None:
         if time.monotonic() - started > budget:
             raise TimeoutError
         return allocate(tables, subset, max_pipelines=cap_value,
-                        time_limit_s=budget / (4 * len(caps)), num_workers=options.num_workers)
+                        time_limit_s=budget / (4 * len(caps)), num_workers=options.num_workers,
+                        runners_up=runners_up)
 
     # Runs are independent and CP-SAT releases the GIL while it solves: solve them side by
     # side, and take their results in a fixed order, so the plan does not depend on timing.
     with ThreadPoolExecutor(max_workers=max(1, options.parallel_allocations)) as pool:
-        futures = [pool.submit(solve, cap_value, subset) for cap_value, subset in runs]
+        # Runners-up where the linear model's near-ties are widest: uncapped runs over
+        # every type and zone (on the inputs measured, those of confined runs found the
+        # same plans but one, at twice the time).
+        futures = [pool.submit(solve, cap_value, subset,
+                               RUNNERS_UP if cap_value is None and i < proving else 0)
+                   for i, (cap_value, subset) in enumerate(runs)]
         try:
             for done, ((cap_value, subset), future) in enumerate(zip(runs, futures, strict=True)):
                 # A progress callback may raise to cancel: report often enough for that.
