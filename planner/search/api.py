@@ -33,6 +33,7 @@ from planner.search.baselines import as_per_type, launcher_baselines, per_type_c
 from planner.search.diagnose import infeasibility_reason, no_plan_reason
 from planner.search.drafts import Candidate, Draft, best_realized, draft
 from planner.search.exact import TooLargeForExact, check_size, exact_optimum
+from planner.search.grids import grid_candidates
 from planner.search.launchers import (
     LAUNCHER_GRID_DRAFTS,
     best_for_launcher,
@@ -195,10 +196,10 @@ def _plan(
     tables = compile_tables(searched)
     _check_feasible(tables)
     # The per-type baseline, the costliest, needs no template: started first, beside
-    # everything that follows.
-    with Aside(functools.partial(_judged_per_type, searched, tables), fork=_worth_forking(tables),
-               prepare=_with_plans) as per_type_ready:
-        return _searched(scenario, searched, tables, allowed, per_type_ready, options, started,
+    # everything that follows, and the grids after it (they rank tp by its templates).
+    with Aside(functools.partial(_beside, searched, tables), fork=_worth_forking(tables),
+               prepare=_with_plans) as beside_ready:
+        return _searched(scenario, searched, tables, allowed, beside_ready, options, started,
                          report)
 
 
@@ -207,7 +208,7 @@ def _searched(
     searched: Scenario,
     tables: ScenarioTables,
     allowed: tuple[Schedule, ...],
-    per_type_ready: Aside[Judged],
+    beside_ready: Aside[Beside],
     options: SearchOptions,
     started: float,
     report: ProgressCallback,
@@ -237,10 +238,12 @@ def _searched(
     report(0.7, "building baselines")
     baselines = {name: _judged(searched, group)
                  for name, group in launcher_baselines(tables).items()}
+    beside = beside_ready.result()
     baselines["per_type"] = sorted(
-        per_type_ready.result() + [(as_per_type(c), e) for c, e in baselines["homogeneous"]],
+        beside.per_type + [(as_per_type(c), e) for c, e in baselines["homogeneous"]],
         key=lambda judged: judged[0].quick_s)
     candidates.extend(c for group in baselines.values() for c, _ in group)
+    candidates.extend(beside.grids)
     if local:
         # Only plans whose pipelines share their blocks are valid: give them one split.
         candidates = common_blocks(tables, sorted(candidates, key=lambda c: c.quick_s)
@@ -528,13 +531,28 @@ def _judged(scenario: Scenario, group: list[Candidate]) -> Judged:
             + [(c, None) for c in sorted(group, key=lambda c: c.quick_s)[BASELINE_FINALISTS:]])
 
 
-def _judged_per_type(scenario: Scenario, tables: ScenarioTables) -> Judged:
-    return _judged(scenario, per_type_candidates(tables))
+@dataclass(frozen=True)
+class Beside:
+    """What runs beside the search: the per-type baseline, judged, and the grids."""
+
+    per_type: Judged
+    grids: list[Candidate]
 
 
-def _with_plans(judged: Judged) -> Judged:
+def _beside(scenario: Scenario, tables: ScenarioTables) -> Beside:
+    return Beside(per_type=_judged(scenario, per_type_candidates(tables)),
+                  grids=grid_candidates(tables))
+
+
+def _with_plans(beside: Beside) -> Beside:
     """The candidates with their plans built: what a forked child can send back."""
-    return [(Candidate.of(c.plan, quick_s=c.quick_s, origin=c.origin), e) for c, e in judged]
+    return Beside(
+        per_type=[(_built(c), e) for c, e in beside.per_type],
+        grids=[_built(c) for c in beside.grids])
+
+
+def _built(candidate: Candidate) -> Candidate:
+    return Candidate.of(candidate.plan, quick_s=candidate.quick_s, origin=candidate.origin)
 
 
 FORK_FROM_GPUS = 128

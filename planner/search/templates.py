@@ -31,7 +31,7 @@ from planner.search.tables import ResourceClass, ScenarioTables
 
 __all__ = [
     "StageShape", "PipelineTemplate", "generate_templates", "TemplateLimits", "TemplateContext",
-    "even_bounds", "homogeneous_templates",
+    "even_bounds", "homogeneous_templates", "template_from_partition",
 ]
 
 ClassKey = tuple[str, str | None]
@@ -248,7 +248,7 @@ class TemplateContext:
                                num_pipelines=num_pipelines)
         if part is None:
             return None
-        return _template_from_partition(self, specs, part, b, stages)
+        return template_from_partition(self, specs, part, b, stages)
 
 
 def even_bounds(num_layers: int, num_stages: int) -> list[int]:
@@ -354,7 +354,7 @@ def _every_depth(
         for depth in sorted(parts):
             part = parts[depth]
             if part is not None:
-                template = _template_from_partition(ctx, sweeps[depth % len(sweeps)].specs, part,
+                template = template_from_partition(ctx, sweeps[depth % len(sweeps)].specs, part,
                                                     b, _segments(shape, None, 0, depth))
                 if template is not None:
                     yield template
@@ -560,12 +560,14 @@ def _template(
     part = sweep.extract(depth)
     if part is None:
         return None
-    return _template_from_partition(ctx, sweep.specs, part, b, stages)
+    return template_from_partition(ctx, sweep.specs, part, b, stages)
 
 
-def _template_from_partition(
+def template_from_partition(
     ctx: TemplateContext, specs: list[StageSpec], part: Partition, b: int, stages: list[StageShape]
 ) -> PipelineTemplate | None:
+    """The template of `stages` split by `part`, whose stages were swept as `specs`
+    (counted from the end); None where GPipe could keep no micro-batch in flight."""
     depth = len(stages)
     tables = ctx.tables
     fill = sum(part.stage_s)

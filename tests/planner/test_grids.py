@@ -1,0 +1,116 @@
+"""Grids: identical pipelines over several GPU classes, each class split evenly."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from planner import SearchOptions, evaluate, parse_plan, parse_scenario, plan
+from planner.search import grids
+from planner.search.tables import compile_tables
+from planner.search.templates import TemplateContext
+from tests.planner.scenarios import tiny
+
+LAYER_STATE_GIB = 100_000_000 * 18 / 2**30  # one layer's weights, grads and Adam state
+
+
+def memory_bound(layers_per_type: dict[str, int], gpus: int = 8, batch: int = 64,
+                 forward_ms: dict[str, float] | None = None) -> dict[str, Any]:
+    """Types with room for their count of the twelve layers each (and not one more),
+    `gpus` of each on one node."""
+    doc = tiny()
+    doc["model"]["layers"] = ["b"] * 12
+    doc["model"]["kinds"] = {"b": {"params": 100_000_000, "output_bytes_per_sample": 1_000_000}}
+    doc["gpu_types"] = {t: {"memory_gib": 2.0 + (n + 0.5) * LAYER_STATE_GIB}
+                        for t, n in layers_per_type.items()}
+    doc["cluster"]["nodes"] = [{"name": t.lower(), "gpu_type": t, "gpus": gpus}
+                               for t in layers_per_type]
+    doc["cluster"]["intra_node"] = {t: {"bandwidth_gb_per_s": 100, "latency_us": 0}
+                                    for t in layers_per_type}
+    speed = forward_ms or {}
+    doc["profiles"] = [{"gpu_type": t, "kind": "b", "micro_batch": 1, "tp": 1,
+                        "forward_ms": speed.get(t, 1.0), "backward_ms": 2 * speed.get(t, 1.0),
+                        "activation_bytes": 1_000_000}
+                       for t in layers_per_type]
+    doc["job"] = {"global_batch_size": batch, "reserved_gib": 2.0}
+    return doc
+
+
+def one_pipeline(split: dict[str, list[tuple[int, int]]], m: int, replica: int = 0) -> dict[str, Any]:
+    return {"micro_batch_size": 1, "num_micro_batches": m, "stages": [
+        {"gpu_type": t, "tp": 1, "gpus": [f"{t.lower()}:{replica * len(ranges) + i}"],
+         "layers": list(layers)}
+        for t, ranges in split.items() for i, layers in enumerate(ranges)]}
+
+
+def test_a_pipeline_through_three_types_split_by_speed_is_found_without_enumeration() -> None:
+    # Two GPUs of each type, each with room for five of the twelve layers: no type, and no
+    # two types, hold the model. X is three times as fast as Z: an even split (the unaware
+    # baseline's) waits on Z.
+    doc = memory_bound({"X": 5, "Y": 5, "Z": 5}, gpus=2,
+                       forward_ms={"X": 1.0, "Y": 2.0, "Z": 3.0})
+    scenario = parse_scenario(doc)
+    # By hand: one pipeline of six stages, X's holding four and three layers, Y's two and
+    # one, Z's one each (12, 9, 12, 6, 9 and 9 ms a micro-batch); or two replicas of X, Y,
+    # Z holding five, four and three layers (15, 24 and 27 ms).
+    by_hand = [
+        {"format": "hetplan-plan/1", "pipelines": [one_pipeline(
+            {"X": [(0, 4), (4, 7)], "Y": [(7, 9), (9, 10)], "Z": [(10, 11), (11, 12)]}, 64)]},
+        {"format": "hetplan-plan/1", "pipelines": [one_pipeline(
+            {"X": [(0, 5)], "Y": [(5, 9)], "Z": [(9, 12)]}, 32, replica=r) for r in range(2)]},
+    ]
+    times = []
+    for doc_plan in by_hand:
+        judged = evaluate(scenario, parse_plan(doc_plan))
+        assert judged.valid and judged.iteration_s is not None, judged.errors
+        times.append(judged.iteration_s)
+    result = plan(scenario, SearchOptions(time_limit_s=10, enumerate_small=False))
+    assert result.evaluation.iteration_s is not None
+    # The search's split may fill a little differently from these: within 1%.
+    assert result.evaluation.iteration_s <= min(times) * 1.01
+    assert result.baselines["per_type"] is None
+    unaware = result.baselines["unaware"]
+    rate = result.evaluation.samples_per_s
+    assert unaware is not None and rate is not None and rate > unaware * 1.2
+    assert all({s.gpu_type for s in p.stages} == {"X", "Y", "Z"} for p in result.plan.pipelines)
+
+
+def test_grid_candidates_are_valid_plans_of_identical_replicas() -> None:
+    scenario = parse_scenario(memory_bound({"X": 6, "Y": 4, "Z": 2}))
+    found = grids.grid_candidates(compile_tables(scenario))
+    assert found
+    for candidate in found:
+        pipelines = candidate.plan.pipelines
+        shapes = {(p.micro_batch_size, p.num_micro_batches,
+                   tuple((s.gpu_type, s.tp, tuple(s.layers)) for s in p.stages)) for p in pipelines}
+        assert len(shapes) == 1, "replicas differ"
+        assert evaluate(scenario, candidate.plan).valid
+
+
+@settings(max_examples=25, deadline=None)
+@given(counts=st.tuples(*[st.integers(1, 6)] * 3), gpus=st.sampled_from([4, 6, 8, 12]),
+       batch=st.sampled_from([24, 48, 64, 96]))
+def test_grids_are_the_structures_that_split_every_class_and_the_batch_evenly(
+        counts: tuple[int, int, int], gpus: int, batch: int) -> None:
+    doc = memory_bound(dict(zip("XYZ", counts, strict=True)), gpus=gpus, batch=batch)
+    tables = compile_tables(parse_scenario(doc))
+    ctx = TemplateContext(tables, tables.scenario.job.schedule)
+    best_tp = {(c.key, 1): [1] for c in tables.classes}
+    for subset in grids._subsets(tables):
+        found = grids._least(ctx, subset, best_tp, keep=10**6)
+        shapes = {(g.replicas, g.stages) for g in found}
+        assert len(shapes) == len(found)
+        # Every count n that splits each class's GPUs and the batch, at most a stage per
+        # layer; those whose average stage (12 / depth layers, the types being equally
+        # fast) fits on every type of the subset are all there.
+        possible = {(n, (gpus // n,) * len(subset)) for n in range(1, gpus + 1)
+                    if gpus % n == 0 and batch % n == 0 and len(subset) * (gpus // n) <= 12}
+        assert shapes <= possible
+        room = min(counts["XYZ".index(c.gpu_type)] for c in subset)
+        assert {(n, s) for n, s in possible if 12 / sum(s) <= room} <= shapes
+        for grid in found:
+            for cls, tp, stages in zip(grid.classes, grid.tp, grid.stages, strict=True):
+                assert grid.replicas * stages * tp == cls.num_gpus
+    assert len(grids._subsets(tables)) == 4  # all three types, and each pair
