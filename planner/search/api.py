@@ -384,6 +384,8 @@ def _allocation_candidates(
     if not templates:
         return [], False
     budget = max(options.time_limit_s * 0.5, 0.05)
+    # The run over every template, without a cap, also gives its runners-up (on the
+    # inputs measured, those of the other runs found no plan the grids did not).
     free = allocate(tables, templates, max_pipelines=None, time_limit_s=budget / 4,
                     num_workers=options.num_workers, runners_up=RUNNERS_UP)
     if free is None:
@@ -414,23 +416,16 @@ def _allocation_candidates(
     runs += [(None, subset) for confined in _confined_subsets(tables, templates)
              for subset in _sync_filtered(confined, num_free)[:2]]
 
-    def solve(cap_value: int | None, subset: list[PipelineTemplate], runners_up: int
-              ) -> Allocation | None:
+    def solve(cap_value: int | None, subset: list[PipelineTemplate]) -> Allocation | None:
         if time.monotonic() - started > budget:
             raise TimeoutError
         return allocate(tables, subset, max_pipelines=cap_value,
-                        time_limit_s=budget / (4 * len(caps)), num_workers=options.num_workers,
-                        runners_up=runners_up)
+                        time_limit_s=budget / (4 * len(caps)), num_workers=options.num_workers)
 
     # Runs are independent and CP-SAT releases the GIL while it solves: solve them side by
     # side, and take their results in a fixed order, so the plan does not depend on timing.
     with ThreadPoolExecutor(max_workers=max(1, options.parallel_allocations)) as pool:
-        # Runners-up where the linear model's near-ties are widest: uncapped runs over
-        # every type and zone (on the inputs measured, those of confined runs found the
-        # same plans but one, at twice the time).
-        futures = [pool.submit(solve, cap_value, subset,
-                               RUNNERS_UP if cap_value is None and i < proving else 0)
-                   for i, (cap_value, subset) in enumerate(runs)]
+        futures = [pool.submit(solve, cap_value, subset) for cap_value, subset in runs]
         try:
             for done, ((cap_value, subset), future) in enumerate(zip(runs, futures, strict=True)):
                 # A progress callback may raise to cancel: report often enough for that.
