@@ -267,9 +267,12 @@ def _general_order(num_stages: int, m: int, schedule: Schedule, num_chunks: int)
     already placed. Operation (chunk c, direction d, micro-batch i) has id (2c + d) m + i."""
     num_model_chunks = num_stages * num_chunks
     lists = [stage_operations(s, num_stages, m, schedule, num_chunks) for s in range(num_stages)]
-
-    def op_id(op: Operation) -> int:
-        return (2 * op[0] + op[1]) * m + op[2]
+    # Operations as ids from here on: a deep interleaved pipeline has hundreds of thousands,
+    # and their inputs follow from the id by arithmetic (`_input_of`, spelled out here).
+    id_lists = [[(2 * chunk + direction) * m + i for chunk, direction, i in ops_of_stage]
+                for ops_of_stage in lists]
+    own_forward_only = schedule is Schedule.LOCAL
+    last_backward = 2 * (num_model_chunks - 1) + BACKWARD
 
     placed = [False] * (2 * num_model_chunks * m)
     position = [0] * num_stages
@@ -277,22 +280,31 @@ def _general_order(num_stages: int, m: int, schedule: Schedule, num_chunks: int)
     previous: list[int] = []
     producer: list[int] = []
     kind: list[int] = []
-    remaining = sum(len(ops_of_stage) for ops_of_stage in lists)
+    remaining = sum(len(ids) for ids in id_lists)
     while remaining:
         progressed = False
-        for s, ops_of_stage in enumerate(lists):
-            while position[s] < len(ops_of_stage):
-                op = ops_of_stage[position[s]]
-                needs = _input_of(op, num_model_chunks, schedule)
-                if needs is not None and not placed[op_id(needs)]:
+        for s, ids in enumerate(id_lists):
+            at, end = position[s], len(ids)
+            while at < end:
+                op = ids[at]
+                k = op // m  # 2 * chunk + direction
+                if k % 2 == FORWARD:
+                    needs = op - 2 * m if k >= 2 else -1  # the previous chunk's forward
+                elif own_forward_only or k == last_backward:
+                    needs = op - m  # its own forward
+                else:
+                    needs = op + 2 * m  # the next chunk's backward
+                if needs >= 0 and not placed[needs]:
                     break
-                ops.append(op_id(op))
-                previous.append(op_id(ops_of_stage[position[s] - 1]) if position[s] else -1)
-                producer.append(-1 if needs is None else op_id(needs))
-                kind.append(2 * op[0] + op[1])
-                placed[op_id(op)] = True
-                position[s] += 1
-                remaining -= 1
+                ops.append(op)
+                previous.append(ids[at - 1] if at else -1)
+                producer.append(needs)
+                kind.append(k)
+                placed[op] = True
+                at += 1
+            if at > position[s]:
+                remaining -= at - position[s]
+                position[s] = at
                 progressed = True
         if not progressed:
             waiting = [lists[s][position[s]] for s in range(num_stages)
@@ -301,4 +313,4 @@ def _general_order(num_stages: int, m: int, schedule: Schedule, num_chunks: int)
                 f"{schedule.value} with {num_stages} stage(s), {num_chunks} chunk(s) each and "
                 f"{m} micro-batch(es) deadlocks: stages wait on {waiting[:4]}")
     return _Order(num_ops=len(placed), ops=ops, previous=previous, producer=producer, kind=kind,
-                  stage_last=[op_id(ops_of_stage[-1]) for ops_of_stage in lists])
+                  stage_last=[ids[-1] for ids in id_lists])
