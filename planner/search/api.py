@@ -6,7 +6,9 @@ with exact layer splits; choose how many pipelines of each template to run
 sync ring grows with data parallelism); then split the batch, place stages on
 concrete GPUs and judge every finalist with the reference estimator; small
 plans finally get their layer splits polished by it (`polish.py`). The three
-baselines are finalists too, so the result is never worse than them.
+baselines are finalists too, so the result is never worse than them; so are
+grids (`grids.py`), identical pipelines through several GPU types, built beside
+the search after the per-type baseline.
 """
 
 from __future__ import annotations
