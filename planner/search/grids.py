@@ -76,7 +76,13 @@ def grid_candidates(tables: ScenarioTables) -> list[Candidate]:
     templates = [t for cls in tables.classes for hint in hints
                  for t in homogeneous_templates(ctx, cls, num_pipelines=hint)]
     best_tp = _best_tp(tables, templates)
-    grids = [grid for subset in _subsets(tables) for grid in _least(ctx, subset, best_tp, SWEPT)]
+    # State bytes per parameter by replica count (ZeRO shards it): read by every subset
+    # and micro-batch size, for counts up to the most stages any class hosts.
+    most = max(c.slots(1) for c in tables.classes)
+    per_param = np.array([state_bytes_per_param(tables.scenario, n).total
+                          for n in range(1, most + 1)])
+    grids = [grid for subset in _subsets(tables)
+             for grid in _least(ctx, subset, best_tp, per_param, SWEPT)]
     drafts = (identical_draft(tables, template, grid.replicas, "identical pipelines through "
                               + ", ".join(dict.fromkeys(s.gpu_type for s in template.stages)))
               for grid in grids for template in _swept(ctx, grid))
@@ -117,7 +123,8 @@ def _subsets(tables: ScenarioTables) -> list[tuple[ResourceClass, ...]]:
 
 
 def _least(ctx: TemplateContext, subset: tuple[ResourceClass, ...],
-           best_tp: dict[tuple[ClassKey, int], list[int]], keep: int) -> list[_Grid]:
+           best_tp: dict[tuple[ClassKey, int], list[int]], per_param: np.ndarray,
+           keep: int) -> list[_Grid]:
     """The `keep` grids of `subset` of least estimated iteration: every micro-batch size, tp
     per class among its best, and replica count n that splits every class's stages and the
     batch evenly, at most one stage per layer.
@@ -128,12 +135,14 @@ def _least(ctx: TemplateContext, subset: tuple[ResourceClass, ...],
     the sync ring of each class's stages, their parameters in proportion to their share
     of the model, inside a node where n holders fit in one. Where a stage's state alone
     would not fit, the grid is ruled out. Estimated for all tp choices and counts of a
-    micro-batch size at once (thousands of structures on six classes)."""
+    micro-batch size at once (thousands of structures on six classes). `per_param[n - 1]`:
+    state bytes per parameter with n replicas."""
     tables, job = ctx.tables, ctx.scenario.job
     batch = job.global_batch_size
     capacity = np.array([tables.capacity_bytes[c.gpu_type] for c in subset])
     largest = np.array([c.largest_node for c in subset])
     inside = [ctx.link(c.key, c.key, same_node=True) for c in subset]
+    across = [ctx.link(c.key, c.key, same_node=False) for c in subset]
     rings = [ctx.ring(c.key) for c in subset]
     moved = float(tables.output_bytes[:-1].mean()) if tables.num_layers > 1 else 0.0
     ranked: list[tuple[float, _Grid]] = []
@@ -157,13 +166,10 @@ def _least(ctx: TemplateContext, subset: tuple[ResourceClass, ...],
         with np.errstate(divide="ignore", invalid="ignore"):
             stage_s = 1.0 / (stages / whole[:, None, :]).sum(axis=2)
             transfer_s = 0.0 if not ctx.blocking else min(
-                link.latency_s + moved * b / link.bytes_per_s
-                for c in subset for link in (ctx.link(c.key, c.key, same_node=True),
-                                             ctx.link(c.key, c.key, same_node=False)))
+                link.latency_s + moved * b / link.bytes_per_s for link in inside + across)
             pipeline_s = (batch // (n * b) - 1 + stages.sum(axis=2)) * (stage_s + 4 * transfer_s)
             params = float(tables.params[-1]) * stage_s[:, :, None] / whole[:, None, :] / tps[:, None, :]
-            per_param = np.array([state_bytes_per_param(ctx.scenario, int(k)).total for k in n])
-            fits = (params * per_param[None, :, None] <= capacity).all(axis=2)
+            fits = (params * per_param[n - 1][None, :, None] <= capacity).all(axis=2)
             near = n[None, :, None] * tps[:, None, :] <= largest  # n holders of a stage on a node
             bandwidth = np.where(near, [link.bytes_per_s for link in inside], [r[0] for r in rings])
             latency = np.where(near, [link.latency_s for link in inside], [r[1] for r in rings])

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner import SearchOptions, evaluate, parse_plan, parse_scenario, plan
+from planner.costs import state_bytes_per_param
 from planner.search import grids
 from planner.search.tables import compile_tables
 from planner.search.templates import TemplateContext
@@ -99,7 +101,9 @@ def test_grids_are_the_structures_that_split_every_class_and_the_batch_evenly(
     ctx = TemplateContext(tables, tables.scenario.job.schedule)
     best_tp = {(c.key, 1): [1] for c in tables.classes}
     for subset in grids._subsets(tables):
-        found = grids._least(ctx, subset, best_tp, keep=10**6)
+        per_param = np.array([state_bytes_per_param(tables.scenario, n).total
+                              for n in range(1, gpus + 1)])
+        found = grids._least(ctx, subset, best_tp, per_param, keep=10**6)
         shapes = {(g.replicas, g.stages) for g in found}
         assert len(shapes) == len(found)
         # Every count n that splits each class's GPUs and the batch, at most a stage per
