@@ -13,6 +13,7 @@ from planner.simulate import (
     BACKWARD,
     FORWARD,
     _general_order,
+    _input_of,
     simulate_chunks,
     simulate_pipeline,
     stage_operations,
@@ -134,3 +135,26 @@ def _event_by_event(forward: list[float], backward: list[float], transfer: list[
             progressed = True
         assert progressed, "deadlock"
     return max(free)
+
+
+@settings(max_examples=100, deadline=None)
+@given(num_stages=st.integers(1, 6), per_stage=st.integers(1, 4), chunks=st.integers(1, 3),
+       schedule=st.sampled_from(list(Schedule)))
+def test_the_order_reads_each_operations_input_as_input_of_says(
+        num_stages: int, per_stage: int, chunks: int, schedule: Schedule) -> None:
+    """`_general_order` works out inputs from operation ids by arithmetic: the same as
+    `_input_of`, which the timeline reads, on every schedule."""
+    if schedule is not Schedule.INTERLEAVED_1F1B:
+        chunks = 1
+    m = num_stages * per_stage  # interleaving needs a multiple of the depth
+    order = _general_order(num_stages, m, schedule, chunks)
+    model_chunks = num_stages * chunks
+
+    def op_of(op_id: int) -> tuple[int, int, int]:
+        kind, i = divmod(op_id, m)
+        return (kind // 2, kind % 2, i)
+
+    for op_id, producer in zip(order.ops, order.producer, strict=True):
+        needs = _input_of(op_of(op_id), model_chunks, schedule)
+        assert producer == (-1 if needs is None else (2 * needs[0] + needs[1]) * m + needs[2])
+    assert sorted(order.ops) == list(range(order.num_ops))
