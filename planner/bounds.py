@@ -1,14 +1,16 @@
-"""The compute bound of docs/formats.md (Bounds and baselines): no plan can beat it."""
+"""Bounds no plan can beat: the compute bound of docs/formats.md (Bounds and baselines), and
+a plan's busiest stage, a lower bound on its iteration that needs no simulation."""
 
 from __future__ import annotations
 
 import weakref
 from collections import Counter
 
-from planner.costs import ProfileIndex
-from planner.documents import Scenario
+from planner.costs import NodeIndex, ProfileIndex, link_between, transfer_s
+from planner.documents import Pipeline, Plan, Scenario, Schedule
+from planner.schedules import model_chunks
 
-__all__ = ["seconds_per_sample_per_gpu", "compute_bound_s"]
+__all__ = ["seconds_per_sample_per_gpu", "compute_bound_s", "busiest_stage_s"]
 
 
 def seconds_per_sample_per_gpu(
@@ -59,3 +61,57 @@ def _compute_bound_s(scenario: Scenario) -> float | None:
         if cost is not None and cost > 0:
             rate += count / cost
     return scenario.job.global_batch_size / rate if rate > 0 else None
+
+
+def busiest_stage_s(scenario: Scenario, plan: Plan) -> float | None:
+    """A lower bound on the plan's iteration time, without simulating it: each stage runs its
+    operations one at a time, so a pipeline takes at least its busiest stage's micro-batches
+    times what one costs that stage (every chunk's forward and backward, a recomputed
+    forward, a local head, blocking transfers), and sync only adds. None where the plan
+    names a GPU or needs a profile row the scenario lacks (the estimator says which)."""
+    nodes, profiles = NodeIndex(scenario), ProfileIndex(scenario.profiles)
+    schedule = plan.schedule or scenario.job.schedule
+    busiest = 0.0
+    for pipeline in plan.pipelines:
+        busy = _busy_per_micro_batch_s(scenario, nodes, profiles, schedule, pipeline)
+        if busy is None:
+            return None
+        busiest = max(busiest, pipeline.num_micro_batches * max(busy))
+    return busiest
+
+
+def _busy_per_micro_batch_s(scenario: Scenario, nodes: NodeIndex, profiles: ProfileIndex,
+                            schedule: Schedule, pipeline: Pipeline) -> list[float] | None:
+    """Seconds each stage spends on one micro-batch, over all its chunks."""
+    model, b = scenario.model, pipeline.micro_batch_size
+    stages, ranges = pipeline.stages, model_chunks(pipeline)
+    located = [nodes.locate(stage.gpus[0]) if stage.gpus else None for stage in stages]
+    if any(where is None for where in located):
+        return None
+    first = [where[0] for where in located if where is not None]
+    num_stages = len(stages)
+    transfers = [0.0 if num_stages == 1 else transfer_s(
+        link_between(scenario, first[c % num_stages], first[(c + 1) % num_stages]),
+        model.kinds[model.layers[end - 1]].output_bytes_per_sample * b)
+        for c, (_, end) in enumerate(ranges[:-1])]
+    head_kind = scenario.job.local_head_kind if schedule is Schedule.LOCAL else None
+    busy = [0.0] * num_stages
+    for c, (start, end) in enumerate(ranges):
+        s = c % num_stages
+        stage = stages[s]
+        rows = [profiles.get(stage.gpu_type, kind, b, stage.tp) for kind in model.layers[start:end]]
+        head = (profiles.get(stage.gpu_type, head_kind, b, stage.tp)
+                if head_kind is not None and s < num_stages - 1 else None)
+        if any(row is None for row in rows) or (head_kind is not None and s < num_stages - 1
+                                                 and head is None):
+            return None
+        forward = sum(row.forward_ms for row in rows if row is not None) * 1e-3
+        backward = sum(row.backward_ms for row in rows if row is not None) * 1e-3
+        if head is not None:
+            backward += (head.forward_ms + head.backward_ms) * 1e-3
+        around = ((transfers[c - 1] if c > 0 else 0.0) + (transfers[c] if c < len(transfers)
+                                                           else 0.0))
+        blocking = around if scenario.job.blocking_transfers else 0.0
+        sent_back = 0.0 if schedule is Schedule.LOCAL else blocking
+        busy[s] += forward + blocking + backward + sent_back + (forward if stage.recompute else 0.0)
+    return busy

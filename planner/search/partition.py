@@ -180,23 +180,25 @@ class SuffixSweep:
             stage_s.append(float(self.costs[k - 1][start, bounds[-1]]))
         return Partition(bounds=tuple(bounds), stage_s=tuple(stage_s))
 
-    def _band(self, spec: StageSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """For the light split: per start and length up to the longest range that fits, the
-        range's end, its parameters per GPU, and whether it fits (cached per search)."""
-        key = ("band", id(spec.point), spec.in_flight, spec.link_in is None, self.num_pipelines)
+    def _band(self, spec: StageSpec, top: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For the light split: per start below `top` and length up to the longest range that
+        fits (and `top`), the range's end, its parameters per GPU, and whether it fits."""
+        fits = self._fits(spec)
+        width = max(1, min(fits.longest(spec.in_flight), top))
+        ends = _ends(self.tables.num_layers)[:top, :width]
+        ok = fits.by_length[:top, :width] >= spec.in_flight  # past the model: -1, never fits
+        return ends, self._params_per_gpu(spec.point.tp)[:top, :width], ok
+
+    def _params_per_gpu(self, tp: int) -> np.ndarray:
+        """Parameters per GPU of every range, by [start, length - 1] (cached per search)."""
+        key = ("params per gpu", tp)
         cache = self.tables.matrices
         found = cache.get(key)
         if found is None:
-            num_layers = self.tables.num_layers
-            size = num_layers + 1
-            fits = self._fits(spec)
-            width = max(1, min(fits.longest(spec.in_flight), num_layers))
-            ends = np.arange(size)[:, None] + np.arange(1, width + 1)[None, :]
+            size = self.tables.num_layers + 1
             params = np.concatenate((self.tables.params, np.full(size, np.inf)))
-            weight = (params[ends] - params[:size, None]) / spec.point.tp
-            ok = (fits.by_length[:, :width] >= spec.in_flight) & (ends <= num_layers)
-            found = cache[key] = (ends, weight, ok)
-        return cast(tuple[np.ndarray, np.ndarray, np.ndarray], found)
+            found = cache[key] = (params[_ends(size - 1)] - params[:size, None]) / tp
+        return cast(np.ndarray, found)
 
     def _costs(self, spec: StageSpec, link_out: LinkCost | None) -> _Matrices:
         """Time of this stage over every layer range [j, e): compute plus, with blocking
@@ -323,18 +325,21 @@ def extract_light_together(
                or sweeps[i].specs[k - 1].in_flight != spec.in_flight for i in used):
             raise ValueError(f"the sweeps' stages {k} from the end differ in point or "
                              "micro-batches in flight: extract them one sweep at a time")
-        ends, weight, fits = sweeps[used[0]]._band(spec)
+        # The k-th stage from the end starts by layer L - k, each stage behind it needing a
+        # layer, so it ends by L - k + 1: only that corner of its band can be finite.
+        top = num_layers - k + 1
+        ends, weight, fits = sweeps[used[0]]._band(spec, top)
         width = ends.shape[1]
         which, distinct = _distinct([sweeps[i].cost_matrices[k - 1] for i in used])
-        costs = np.stack([c.by_length[:, :width] for c in distinct])
         slot = which[np.searchsorted(np.array(used), owner[going])]
-        allowed = fits[None] & (costs[slot] <= limits[going])
+        allowed = fits[None] & (_gathered(distinct, slot, top, width) <= limits[going])
         total = np.where(allowed, np.maximum(weight[None], heaviest[going][:, ends]), INF)
         pick = total.argmin(axis=2)
-        best = np.take_along_axis(total, pick[:, :, None], axis=2)[:, :, 0]
-        heaviest[going, :size] = best
+        best = total.min(axis=2)  # the values at `pick`, without an index per cell
+        heaviest[going, :top] = best
+        heaviest[going, top:size] = INF
         step = np.zeros((len(rows), size), dtype=np.intp)
-        step[going] = starts[None, :] + pick + 1
+        step[going, :top] = starts[None, :top] + pick + 1
         choices.append(step)
         for r in np.flatnonzero(row_depth == k).tolist():
             i = int(owner[r])
@@ -424,11 +429,11 @@ def _step_together(
     # Where no range fits at all, a column of infinity gives what `push` gives.
     width = max(min(int(longest.max()), top), 1)
     ends = _ends(num_layers)[:top, :width]
-    stage_s = np.stack([c.by_length[:top, :width] for c in distinct])[which]
+    stage_s = _gathered(distinct, which, top, width)
     total = np.where(fits.by_length[:top, :width] >= in_flight[:, None, None],
                      np.maximum(stage_s, behind[:, ends]), INF)
     pick = total.argmin(axis=2)
-    best = np.take_along_axis(total, pick[:, :, None], axis=2)[:, :, 0]
+    best = total.min(axis=2)  # the values at `pick`, without an index per cell
     choice = ends[_rows(top), pick]
     for r, sweep in enumerate(sweeps):
         sweep._record(specs[r], costs[r], fits, best[r, :starts[r]], choice[r, :starts[r]])
@@ -453,6 +458,14 @@ def _distinct(matrices: Sequence[_Matrices]) -> tuple[np.ndarray, list[_Matrices
             index[id(m)] = len(distinct)
             distinct.append(m)
     return np.array([index[id(m)] for m in matrices]), distinct
+
+
+def _gathered(distinct: list[_Matrices], which: np.ndarray, top: int, width: int) -> np.ndarray:
+    """The [start, length - 1] corner of matrix `which[r]` for each row r; one matrix shared by
+    every row is broadcast rather than copied."""
+    if len(distinct) == 1:
+        return distinct[0].by_length[None, :top, :width]
+    return np.stack([c.by_length[:top, :width] for c in distinct])[which]
 
 
 @functools.cache

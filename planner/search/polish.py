@@ -13,8 +13,9 @@ once) tries its micro-batch size doubled or halved (the pipeline's samples
 unchanged) and each boundary between two stages moved by one layer, those that
 relieve the heaviest stages first; then merges of neighbouring stages. A move
 is kept when the reference estimator finds the plan faster. Each try is a full
-evaluation, whose cost grows with the plan: larger plans get fewer tries, and
-plans past MAX_GPUS none.
+evaluation, whose cost grows with the plan's stages and with the micro-batches of
+the shape a move changes: larger plans get fewer tries, and plans past MAX_GPUS
+none.
 """
 
 from __future__ import annotations
@@ -29,16 +30,23 @@ from planner.costs import NodeIndex
 from planner.documents import Pipeline, Plan, Scenario, Schedule, Stage
 from planner.estimate import Evaluation, evaluate
 
-__all__ = ["polish_plan"]
+__all__ = ["polish_plan", "tries_per_phase"]
 
 MAX_GPUS = 1024
 """Plans on more GPUs are left as they are: there a try evaluates for tenths of a second,
 and on the scaled inputs of bench/plan_time.py no try found a faster plan."""
 MAX_TRIES = 64  # evaluations one polish may spend
 PIPELINE_EVALUATIONS = 640
-"""Tries times the plan's pipelines: an evaluation costs about its pipelines, so large
-plans get fewer tries (at least MIN_TRIES), counted rather than timed so that a plan does
-not depend on how busy the machine was."""
+STAGE_EVALUATIONS = 5000
+"""Tries times what one costs, in pipelines and in stages (simulated operations counted in
+stages too), per phase: larger plans get fewer tries (at least MIN_TRIES), the tighter
+measure setting the count, counted rather than timed so that a plan does not depend on how
+busy the machine was. Pipelines alone undercount deep pipelines of many micro-batches: a
+plan of eight 36-stage pipelines of 192 micro-batches got 64 tries of 9 ms each."""
+SIMULATED_PER_STAGE = 60
+"""An evaluation costs about 20 us per stage of the plan (validity, memory, rings) and
+0.3 us per (stage, micro-batch) of a shape it simulates: one stage for every this many
+(measured on the best plans of the shared and scaled scenarios, BENCHMARKS 3)."""
 MIN_TRIES = 4
 
 
@@ -54,7 +62,7 @@ def polish_plan(
         return None  # under local learning every pipeline keeps the same blocks
     points = {(row.gpu_type, row.micro_batch, row.tp) for row in scenario.profiles}
     nodes = NodeIndex(scenario)
-    most = min(MAX_TRIES, max(MIN_TRIES, PIPELINE_EVALUATIONS // len(plan_doc.pipelines)))
+    most = tries_per_phase(plan_doc)
     best, best_eval = plan_doc, evaluation
     # Merges come last, from the split the other moves settled on: taken first, a merge's
     # immediate gain led the 512-GPU GPT-Neo plan to a worse end (156.4 against 157.9).
@@ -64,6 +72,22 @@ def polish_plan(
     for moves in phases:
         best, best_eval = _climb(scenario, best, best_eval, moves, most, deadline)
     return None if best is plan_doc else (best, best_eval)
+
+
+def tries_per_phase(plan_doc: Plan) -> int:
+    """Evaluations each phase may spend on this plan: fewer the more a try costs."""
+    return min(MAX_TRIES, max(MIN_TRIES, min(PIPELINE_EVALUATIONS // len(plan_doc.pipelines),
+                                             STAGE_EVALUATIONS // _stages_per_try(plan_doc))))
+
+
+def _stages_per_try(plan_doc: Plan) -> int:
+    """What one try costs, in stages evaluated: every stage of the plan, and the operations
+    of the shape a move changes (the estimator simulates each distinct shape once and keeps
+    the times of those it has seen), counted at the largest shape."""
+    stages = sum(len(pipeline.stages) for pipeline in plan_doc.pipelines)
+    simulated = max(len(pipeline.stages) * pipeline.num_micro_batches
+                    for pipeline in plan_doc.pipelines)
+    return max(1, stages + simulated // SIMULATED_PER_STAGE)
 
 
 def _climb(scenario: Scenario, best: Plan, best_eval: Evaluation,

@@ -25,6 +25,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
+from planner.bounds import busiest_stage_s
 from planner.costs import ProfileIndex, state_bytes_per_param
 from planner.documents import Pipeline, Plan, Scenario, Schedule, Stage
 from planner.errors import InvalidScenario, Problem
@@ -48,6 +49,8 @@ MICRO_BATCH_FACTORS = (2, 4, 8)
 """Micro-batch growth tried with recomputation (each needs a profiled point)."""
 VARIANT_BASES = 3
 """Best plans of the search from which variants are built."""
+ROUNDING = 1e-9
+"""The busiest stage is summed in another order than the estimator's: a margin for that."""
 
 
 def allowed_schedules(scenario: Scenario, requested: Sequence[Schedule]) -> tuple[Schedule, ...]:
@@ -206,6 +209,12 @@ def schedule_variants(
         if key in seen:
             return None
         seen.add(key)
+        # A variant whose busiest stage alone takes longer than the best plan cannot win, nor
+        # can its repair (recomputation lengthens backwards): no simulation needed.
+        floor = busiest_stage_s(scenario, plan) if best is not None else None
+        if best is not None and floor is not None and floor > (
+                best[1].iteration_s or math.inf) * (1 + ROUNDING):
+            return None
         evaluation = evaluate(scenario, plan)
         if not evaluation.valid and recompute:
             # Recomputing lengthens backwards and changes nothing else: a plan over memory

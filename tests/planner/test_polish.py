@@ -6,9 +6,9 @@ from __future__ import annotations
 import time
 
 from planner import SearchOptions, evaluate, parse_plan, parse_scenario, plan
-from planner.documents import Plan
+from planner.documents import Pipeline, Plan, Stage
 from planner.estimate import Evaluation
-from planner.search.polish import polish_plan
+from planner.search.polish import polish_plan, tries_per_phase
 
 
 def _scenario() -> dict:
@@ -146,3 +146,19 @@ def test_polish_merges_two_stages_on_one_node_into_one_of_twice_the_tp() -> None
     assert (stage.tp, sorted(stage.gpus), tuple(stage.layers)) == (2, ["f0:0", "f0:1"], (0, 4))
     assert after.iteration_s is not None and before.iteration_s is not None
     assert after.iteration_s < before.iteration_s
+
+
+def _pipelines(count: int, depth: int, micro_batches: int) -> Plan:
+    return Plan.model_construct(pipelines=[Pipeline.model_construct(
+        micro_batch_size=1, num_micro_batches=micro_batches, stages=[
+            Stage.model_construct(gpu_type="G", tp=1, gpus=[f"n{p}:{s}"], layers=(s, s + 1))
+            for s in range(depth)]) for p in range(count)])
+
+
+def test_polish_gives_deep_pipelines_of_many_micro_batches_fewer_tries() -> None:
+    """A try evaluates every stage and simulates the shape it moved: eight pipelines of 36
+    stages and 192 micro-batches cost 288 + 6912 / 60 stage evaluations a try, so 5000 per
+    phase buy 12 tries where counting pipelines alone gave 64."""
+    assert tries_per_phase(_pipelines(8, 36, 192)) == 5000 // (288 + 6912 // 60) == 12
+    assert tries_per_phase(_pipelines(8, 2, 16)) == 64  # small plans keep every try
+    assert tries_per_phase(_pipelines(130, 1, 4)) == 640 // 130  # many pipelines: as before

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from pathlib import Path
@@ -10,8 +11,9 @@ from typing import Any
 import pytest
 
 from planner import SearchOptions, evaluate, parse_scenario, plan
-from planner.documents import Plan, Schedule
+from planner.documents import Plan, Scenario, Schedule
 from planner.errors import Infeasible, InvalidScenario
+from planner.estimate import Evaluation
 from planner.search import api as search_api
 from planner.search.drafts import Candidate
 from planner.search.exact import TooLargeForExact
@@ -283,3 +285,34 @@ def test_recomputing_where_memory_is_full_never_makes_a_plan_faster(name: str) -
         assert again.iteration_s >= over.iteration_s
         repaired_some = True
     assert repaired_some
+
+
+def _counted(judged: list[Plan], scenario: Scenario, plan_doc: Plan) -> Evaluation:
+    judged.append(plan_doc)
+    return evaluate(scenario, plan_doc)
+
+
+def test_variants_slower_than_the_best_at_their_busiest_stage_are_not_simulated(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same variant wins with the bound as without it, for fewer evaluations."""
+    from planner.search import schedules
+
+    scenario = parse_scenario(json.loads(
+        (SCENARIOS / "v16x32-a10x16-llama7b-memtight.json").read_text()))
+    base = plan(scenario, SearchOptions(time_limit_s=QUICK)).plan
+    bases = [(Candidate.of(base, quick_s=1.0, origin="searched"), evaluate(scenario, base))]
+    counts, found = [], []
+    for bounded in (True, False):
+        judged: list[Plan] = []
+        monkeypatch.setattr(schedules, "evaluate", functools.partial(_counted, judged))
+        if not bounded:
+            monkeypatch.setattr(schedules, "busiest_stage_s", lambda s, p: None)
+        best = schedule_variants(
+            scenario, compile_tables(scenario), bases,
+            (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B), recompute=True,
+            deadline=math.inf)
+        assert best is not None
+        counts.append(len(judged))
+        found.append(best[0].plan)
+    assert found[0] == found[1]
+    assert counts[0] < counts[1]
