@@ -139,8 +139,11 @@ def test_two_workers_share_the_jobs_and_run_each_once(
     calls: Counter[str] = Counter()
     lock = threading.Lock()
     api = make_client(embedded_worker=False)
+    # Leases long enough that a worker starved of CPU for a moment keeps its job: this test
+    # is about sharing, not takeover (a 0.6 s lease lapsed once on a loaded 2-core VM).
     for _ in range(2):
-        make_client(solver=counting_solver(plan_document, calls, lock), solver_workers=2, **FAST)
+        make_client(solver=counting_solver(plan_document, calls, lock), solver_workers=2,
+                    **{**FAST, "job_lease_s": 5.0})
     names = [f"model-{i}" for i in range(10)]
     jobs = []
     for name in names:
