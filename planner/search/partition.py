@@ -116,7 +116,7 @@ class SuffixSweep:
         num_layers = self.tables.num_layers
         window = (slice(0, starts), slice(0, width))
         ends = _ends(num_layers)[window]
-        rest = np.concatenate((self.best[-1], np.full(num_layers + 1, INF)))[ends]
+        rest = np.concatenate((self.best[-1], _infinities(num_layers + 1)))[ends]
         total = np.where(fits.by_length[window] >= spec.in_flight,
                          np.maximum(costs.by_length[window], rest), INF)
         pick = total.argmin(axis=1)
@@ -174,10 +174,14 @@ class SuffixSweep:
         """The split that `choices` (per stage from the end, each start's end) give from 0."""
         bounds = [0]
         stage_s = []
+        start = 0
         for k in range(num_stages, 0, -1):
-            start = bounds[-1]
-            bounds.append(int(choices[k - 1][start]))
-            stage_s.append(float(self.costs[k - 1][start, bounds[-1]]))
+            # item(): plain Python numbers, without a numpy scalar per lookup (templates of
+            # deep pipelines walk tens of thousands of stages per search).
+            end = int(choices[k - 1].item(start))
+            stage_s.append(float(self.costs[k - 1].item(start, end)))
+            bounds.append(end)
+            start = end
         return Partition(bounds=tuple(bounds), stage_s=tuple(stage_s))
 
     def _band(self, spec: StageSpec, top: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -466,6 +470,13 @@ def _gathered(distinct: list[_Matrices], which: np.ndarray, top: int, width: int
     if len(distinct) == 1:
         return distinct[0].by_length[None, :top, :width]
     return np.stack([c.by_length[:top, :width] for c in distinct])[which]
+
+
+@functools.cache
+def _infinities(size: int) -> np.ndarray:
+    row = np.full(size, INF)
+    row.flags.writeable = False
+    return row
 
 
 @functools.cache
