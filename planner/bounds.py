@@ -6,7 +6,7 @@ from __future__ import annotations
 import weakref
 from collections import Counter
 
-from planner.costs import NodeIndex, ProfileIndex, link_between, transfer_s
+from planner.costs import NodeIndex, ProfileIndex, chunk_transfers_s
 from planner.documents import Pipeline, Plan, Scenario, Schedule
 from planner.schedules import model_chunks
 
@@ -90,21 +90,20 @@ def _busy_per_micro_batch_s(scenario: Scenario, nodes: NodeIndex, profiles: Prof
         return None
     first = [where[0] for where in located if where is not None]
     num_stages = len(stages)
-    transfers = [0.0 if num_stages == 1 else transfer_s(
-        link_between(scenario, first[c % num_stages], first[(c + 1) % num_stages]),
-        model.kinds[model.layers[end - 1]].output_bytes_per_sample * b)
-        for c, (_, end) in enumerate(ranges[:-1])]
+    transfers = chunk_transfers_s(scenario, first, ranges, b)
     head_kind = scenario.job.local_head_kind if schedule is Schedule.LOCAL else None
     busy = [0.0] * num_stages
     for c, (start, end) in enumerate(ranges):
         s = c % num_stages
         stage = stages[s]
         rows = [profiles.get(stage.gpu_type, kind, b, stage.tp) for kind in model.layers[start:end]]
-        head = (profiles.get(stage.gpu_type, head_kind, b, stage.tp)
-                if head_kind is not None and s < num_stages - 1 else None)
-        if any(row is None for row in rows) or (head_kind is not None and s < num_stages - 1
-                                                 and head is None):
+        if any(row is None for row in rows):
             return None
+        head = None
+        if head_kind is not None and s < num_stages - 1:  # every stage but the last trains one
+            head = profiles.get(stage.gpu_type, head_kind, b, stage.tp)
+            if head is None:
+                return None
         forward = sum(row.forward_ms for row in rows if row is not None) * 1e-3
         backward = sum(row.backward_ms for row in rows if row is not None) * 1e-3
         if head is not None:

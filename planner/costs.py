@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from planner.documents import Link, Node, ProfileRow, Scenario, Schedule
+from planner.documents import LayerRange, Link, Node, ProfileRow, Scenario, Schedule
 
 __all__ = [
     "GIB",
@@ -91,6 +91,21 @@ def zone_link(scenario: Scenario, a: str | None, b: str | None) -> Link:
 def transfer_s(link: Link, num_bytes: float, bandwidth_scale: float = 1.0) -> float:
     """latency + bytes / bandwidth, in seconds."""
     return link.latency_us * 1e-6 + num_bytes / (link.bandwidth_gb_per_s * 1e9 * bandwidth_scale)
+
+
+def chunk_transfers_s(scenario: Scenario, first_nodes: Sequence[Node],
+                      ranges: Sequence[LayerRange], micro_batch: int) -> list[float]:
+    """Seconds from each model chunk to the next (section 6): chunk c hands its output to
+    chunk c + 1 on stage (c + 1) mod S, between the stages' first GPUs' nodes; one stage
+    sends nothing."""
+    model, num_stages = scenario.model, len(first_nodes)
+    return [
+        0.0 if num_stages == 1 else
+        transfer_s(link_between(scenario, first_nodes[c % num_stages],
+                                first_nodes[(c + 1) % num_stages]),
+                   model.kinds[model.layers[end - 1]].output_bytes_per_sample * micro_batch)
+        for c, (_, end) in enumerate(ranges[:-1])
+    ]
 
 
 def in_flight(stage: int, num_stages: int, num_micro_batches: int, schedule: Schedule) -> int:

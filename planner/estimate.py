@@ -25,6 +25,7 @@ from planner.costs import (
     GIB,
     NodeIndex,
     ProfileIndex,
+    chunk_transfers_s,
     in_flight,
     link_between,
     ring_cost,
@@ -637,20 +638,13 @@ def _estimate_general_pipeline(
     """Section 6: any schedule, chunks, local heads and recomputation, per model chunk."""
     scenario = ctx.scenario
     pipeline = ctx.plan.pipelines[index]
-    model, job = scenario.model, scenario.job
+    job = scenario.job
     b, m = pipeline.micro_batch_size, pipeline.num_micro_batches
     num_stages = len(pipeline.stages)
     num_chunks = pipeline.stages[0].num_chunks
     ranges = model_chunks(pipeline)
     sums = [_chunk_sums(ctx, pipeline.stages[c % num_stages], b, r) for c, r in enumerate(ranges)]
-    # Chunk c hands its output to chunk c + 1 on stage (c + 1) mod S; one stage sends nothing.
-    transfers = [
-        0.0 if num_stages == 1 else
-        transfer_s(link_between(scenario, first_nodes[c % num_stages],
-                                first_nodes[(c + 1) % num_stages]),
-                   model.kinds[model.layers[end - 1]].output_bytes_per_sample * b)
-        for c, (_, end) in enumerate(ranges[:-1])
-    ]
+    transfers = chunk_transfers_s(scenario, first_nodes, ranges, b)
     stages: list[StageEstimate] = [_general_stage(ctx, pipeline, s, sums, transfers, sync[s])
                                    for s in range(num_stages)]
     estimate = PipelineEstimate(

@@ -178,8 +178,8 @@ class SuffixSweep:
         for k in range(num_stages, 0, -1):
             # item(): plain Python numbers, without a numpy scalar per lookup (templates of
             # deep pipelines walk tens of thousands of stages per search).
-            end = int(choices[k - 1].item(start))
-            stage_s.append(float(self.costs[k - 1].item(start, end)))
+            end = choices[k - 1].item(start)
+            stage_s.append(self.costs[k - 1].item(start, end))
             bounds.append(end)
             start = end
         return Partition(bounds=tuple(bounds), stage_s=tuple(stage_s))

@@ -211,10 +211,10 @@ def schedule_variants(
         seen.add(key)
         # A variant whose busiest stage alone takes longer than the best plan cannot win, nor
         # can its repair (recomputation lengthens backwards): no simulation needed.
-        floor = busiest_stage_s(scenario, plan) if best is not None else None
-        if best is not None and floor is not None and floor > (
-                best[1].iteration_s or math.inf) * (1 + ROUNDING):
-            return None
+        if best is not None:
+            floor = busiest_stage_s(scenario, plan)
+            if floor is not None and floor > (best[1].iteration_s or math.inf) * (1 + ROUNDING):
+                return None
         evaluation = evaluate(scenario, plan)
         if not evaluation.valid and recompute:
             # Recomputing lengthens backwards and changes nothing else: a plan over memory
