@@ -30,7 +30,7 @@ from planner.documents import Plan, Scenario, Schedule
 from planner.errors import Infeasible
 from planner.estimate import Evaluation, estimate_section, evaluate
 from planner.search.allocate import RUNNERS_UP, Allocation, allocate, pareto, prune
-from planner.search.aside import Aside
+from planner.search.aside import Aside, usable_cores
 from planner.search.baselines import as_per_type, launcher_baselines, per_type_candidates
 from planner.search.diagnose import infeasibility_reason, no_plan_reason
 from planner.search.drafts import Candidate, Draft, best_realized, draft
@@ -103,7 +103,8 @@ class SearchOptions:
     best plan, for up to 80% of the time limit (status `optimal` when it finishes)."""
     parallel_allocations: int = 2
     """Allocation runs (pipeline caps, sync subsets) solved at once in threads; CP-SAT
-    releases the GIL while it solves. The plan is the same for any value."""
+    releases the GIL while it solves. At most the cores left beside the per-type baseline's
+    forked child. The plan is the same for any value."""
     schedules: tuple[Schedule, ...] = ()
     """Schedules the plan may use; empty: the job's own. With `interleaved-1f1b` the search
     tries virtual stages (2 to 4 chunks per stage) on its best plans. `local` may be given
@@ -199,8 +200,8 @@ def _plan(
     _check_feasible(tables)
     # The per-type baseline, the costliest, needs no template: started first, beside
     # everything that follows, and the grids after it (they rank tp by its templates).
-    with Aside(functools.partial(_beside, searched, tables), fork=_worth_forking(tables),
-               prepare=_with_plans) as beside_ready:
+    with Aside(functools.partial(_beside, searched, tables),
+               fork=_worth_forking(tables)) as beside_ready:
         return _searched(scenario, searched, tables, allowed, beside_ready, options, started,
                          report)
 
@@ -233,7 +234,12 @@ def _searched(
         templates = [t for t in templates if len(t.stages) <= max_blocks]
     templates = pareto(prune(templates), [c.key for c in tables.classes], num_pipelines=8)
     report(0.3, f"allocating GPUs over {len(templates)} pipeline templates")
-    candidates, proven = _allocation_candidates(tables, templates, options, started, report)
+    # A forked child runs the per-type baseline on a core of its own: allocation threads
+    # beyond the cores left only take turns with it (on 2 cores, one thread is 3-9% faster
+    # at 512 GPUs, BENCHMARKS 3), and the baseline is the longer path there.
+    threads = min(options.parallel_allocations, usable_cores() - beside_ready.forked)
+    candidates, proven = _allocation_candidates(tables, templates, options, started, report,
+                                                threads=threads)
     # Identical replicas of one template, at each count that splits the batch evenly:
     # what one-grid launchers run, and at times what the allocation's linear model misses.
     candidates.extend(launcher_candidates(tables, templates))
@@ -370,6 +376,8 @@ def _allocation_candidates(
     options: SearchOptions,
     started: float,
     report: ProgressCallback,
+    *,
+    threads: int,
 ) -> tuple[list[Candidate], bool]:
     drafts: list[Draft | None] = []
     seen: set[tuple[tuple[int, int], ...]] = set()
@@ -425,7 +433,7 @@ def _allocation_candidates(
 
     # Runs are independent and CP-SAT releases the GIL while it solves: solve them side by
     # side, and take their results in a fixed order, so the plan does not depend on timing.
-    with ThreadPoolExecutor(max_workers=max(1, options.parallel_allocations)) as pool:
+    with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
         futures = [pool.submit(solve, cap_value, subset) for cap_value, subset in runs]
         try:
             for done, ((cap_value, subset), future) in enumerate(zip(runs, futures, strict=True)):
@@ -524,7 +532,10 @@ def _judged(scenario: Scenario, group: list[Candidate]) -> Judged:
 
 @dataclass(frozen=True)
 class Beside:
-    """What runs beside the search: the per-type baseline, judged, and the grids."""
+    """What runs beside the search: the per-type baseline, judged, and the grids. From a
+    forked child the candidates come unbuilt, as their templates and placements: the
+    parent builds the plan of the few it reads (building and pickling every plan document
+    took 0.07-0.1 s of the child's path at 512 GPUs, BENCHMARKS 3)."""
 
     per_type: Judged
     grids: list[Candidate]
@@ -535,20 +546,9 @@ def _beside(scenario: Scenario, tables: ScenarioTables) -> Beside:
                   grids=grid_candidates(tables))
 
 
-def _with_plans(beside: Beside) -> Beside:
-    """The candidates with their plans built: what a forked child can send back."""
-    return Beside(
-        per_type=[(_built(c), e) for c, e in beside.per_type],
-        grids=[_built(c) for c in beside.grids])
-
-
-def _built(candidate: Candidate) -> Candidate:
-    return Candidate.of(candidate.plan, quick_s=candidate.quick_s, origin=candidate.origin)
-
-
 FORK_FROM_GPUS = 128
 """From this many GPUs, the per-type baseline runs in a forked child (when the process may fork):
-below, it takes less time than a fork and the pickling of its plans."""
+below, it takes less time than a fork and the pickling of its candidates."""
 
 
 def _share_of_time_so_far(started: float, options: SearchOptions, share: float,

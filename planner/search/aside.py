@@ -26,9 +26,16 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Generic, TypeVar
 
-__all__ = ["Aside", "can_fork"]
+__all__ = ["Aside", "can_fork", "usable_cores"]
 
 T = TypeVar("T")
+
+
+def usable_cores() -> int:
+    """CPUs this process may run on (its affinity where the platform tells it)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
 
 
 def can_fork() -> bool:
@@ -39,8 +46,7 @@ def can_fork() -> bool:
 
 class Aside(Generic[T]):
     """`work()` started now, in a forked child when `fork` is true and safe, else on a
-    thread; `result()` waits for it. A child applies `prepare` to the result before sending
-    it (to build what must cross the pipe, such as values computed on first use). Use as a
+    thread; `result()` waits for it (a child sends it pickled: it must pickle). Use as a
     context manager: leaving it stops the child (a search cancelled or failed does not
     leave it running).
 
@@ -49,8 +55,7 @@ class Aside(Generic[T]):
     process killed at its deadline leaves its child to finish its (bounded) work alone:
     it then finds the pipe closed and exits."""
 
-    def __init__(self, work: Callable[[], T], *, fork: bool,
-                 prepare: Callable[[T], T] | None = None) -> None:
+    def __init__(self, work: Callable[[], T], *, fork: bool) -> None:
         self._work = work
         self._pid: int | None = None
         self._reader: Connection | None = None
@@ -61,11 +66,17 @@ class Aside(Generic[T]):
             self._pid = os.fork()
             if self._pid == 0:  # the child: never returns
                 self._reader.close()
-                _child(work, prepare, writer)
+                _child(work, writer)
             writer.close()
         else:
             self._thread = ThreadPoolExecutor(max_workers=1)
             self._future = self._thread.submit(work)
+
+    @property
+    def forked(self) -> bool:
+        """Whether the work runs in a child process (on a core of its own) rather than on
+        a thread of this one."""
+        return self._thread is None
 
     def result(self) -> T:
         if self._future is not None:
@@ -100,13 +111,13 @@ class Aside(Generic[T]):
             self._reader.close()
 
 
-def _child(work: Callable[[], T], prepare: Callable[[T], T] | None, writer: Connection) -> None:
+def _child(work: Callable[[], T], writer: Connection) -> None:
     """Run in the forked child: send the outcome, then leave without running the parent's
     exit handlers (they belong to the parent's resources)."""
     try:
         try:
             result = work()
-            outcome: tuple[str, object] = ("ok", result if prepare is None else prepare(result))
+            outcome: tuple[str, object] = ("ok", result)
         except BaseException as error:  # noqa: BLE001 - reported, the parent does the work
             outcome = ("failed", repr(error))
         try:

@@ -5,6 +5,7 @@ in it: the checks that need a fork run in a fresh interpreter each (`_check_*`).
 
 from __future__ import annotations
 
+import functools
 import json
 import multiprocessing
 import os
@@ -32,8 +33,10 @@ def _pid() -> int:
 
 def _check_a_forked_child_does_the_work_and_sends_it_back() -> None:
     with Aside(_pid, fork=True) as aside:
+        assert aside.forked
         assert aside.result() != os.getpid()
     with Aside(_pid, fork=False) as aside:
+        assert not aside.forked
         assert aside.result() == os.getpid()
 
 
@@ -49,10 +52,27 @@ def _check_what_the_child_cannot_finish_the_parent_does() -> None:
         assert aside.result() == 7
 
 
-def _check_prepare_runs_in_the_child_before_sending() -> None:
-    with Aside(lambda: 1, fork=True, prepare=lambda x: (x, os.getpid())) as aside:
-        value, pid = aside.result()
-    assert value == 1 and pid != os.getpid()
+def _beside_and_pid(scenario: Any, tables: Any) -> tuple[int, api.Beside]:
+    return os.getpid(), api._beside(scenario, tables)
+
+
+def _check_candidates_cross_from_the_child_unbuilt() -> None:
+    """The per-type candidates and grids cross the pipe as templates and placements: their
+    plans, built in the parent on first use, equal those built where they were found."""
+    scenario = parse_scenario(json.loads((DATA / "scenarios" / "h200x8-h100x16-a80x16-llama13b.json")
+                                         .read_text()))
+    tables = api.compile_tables(scenario)
+    with Aside(functools.partial(_beside_and_pid, scenario, tables), fork=True) as aside:
+        pid, crossed = aside.result()
+    assert aside.forked and pid != os.getpid()  # found in the child, not redone here
+    assert all("plan" not in vars(c) for c in crossed.grids)  # none judged there: unbuilt
+    here = api._beside(scenario, tables)
+    pairs = ([(a, b) for (a, _), (b, _) in zip(crossed.per_type, here.per_type, strict=True)]
+             + list(zip(crossed.grids, here.grids, strict=True)))
+    assert pairs
+    for there, local in pairs:
+        assert there.quick_s == local.quick_s and there.origin == local.origin
+        assert dump_document(there.plan) == dump_document(local.plan)
 
 
 def test_no_fork_while_another_thread_runs() -> None:
