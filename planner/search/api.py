@@ -236,7 +236,7 @@ def _searched(
     report(0.3, f"allocating GPUs over {len(templates)} pipeline templates")
     # A forked child runs the per-type baseline on a core of its own: allocation threads
     # beyond the cores left only take turns with it (on 2 cores, one thread is 3-9% faster
-    # at 512 GPUs, BENCHMARKS 3), and the baseline is the longer path there.
+    # at 512 GPUs, BENCHMARKS 3).
     threads = min(options.parallel_allocations, usable_cores() - beside_ready.forked)
     candidates, proven = _allocation_candidates(tables, templates, options, started, report,
                                                 threads=threads)
