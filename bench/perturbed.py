@@ -21,13 +21,13 @@ import math
 import platform
 import random
 import time
-from pathlib import Path
 from typing import Any
+
+from plan_quality import SETS, geomean  # the shared generated set, judged the same way
 
 from planner import SearchOptions, parse_scenario, plan
 
-ROOT = Path(__file__).resolve().parent.parent
-GENERATED = sorted((ROOT / "tests" / "data" / "scenarios").glob("*.json"))
+GENERATED = SETS["generated"]
 WAN_LINKS = [(1.25, 10_000.0), (3.0, 2_000.0), (10.0, 2_000.0)]
 """(GB/s, latency us) of the link to a second zone."""
 
@@ -69,10 +69,6 @@ def perturbed(rng: random.Random) -> tuple[str, dict[str, Any]]:
         job["zero_stage"] = 1
         changes.append("ZeRO-1")
     return f"{path.stem}: {', '.join(changes)}", doc
-
-
-def geomean(values: list[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else math.nan
 
 
 def main() -> None:

@@ -22,6 +22,7 @@ from planner import SearchOptions, parse_scenario, plan
 from planner.documents import dump_document
 from planner.search import api
 from planner.search.aside import Aside, can_fork
+from planner.search.tables import compile_tables
 
 DATA = Path(__file__).parent.parent / "data"
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,7 +62,7 @@ def _check_candidates_cross_from_the_child_unbuilt() -> None:
     plans, built in the parent on first use, equal those built where they were found."""
     scenario = parse_scenario(json.loads((DATA / "scenarios" / "h200x8-h100x16-a80x16-llama13b.json")
                                          .read_text()))
-    tables = api.compile_tables(scenario)
+    tables = compile_tables(scenario)
     with Aside(functools.partial(_beside_and_pid, scenario, tables), fork=True) as aside:
         pid, crossed = aside.result()
     assert aside.forked and pid != os.getpid()  # found in the child, not redone here
