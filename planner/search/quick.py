@@ -18,7 +18,7 @@ from planner.documents import Node, Scenario
 from planner.search.tables import ScenarioTables
 from planner.search.templates import PipelineTemplate
 
-__all__ = ["estimate_sync_s", "inside_sync_s", "rough_sync_s"]
+__all__ = ["estimate_sync_s", "inside_sync_s", "replicas_sync_s", "rough_sync_s"]
 
 
 def estimate_sync_s(
@@ -105,6 +105,28 @@ def inside_sync_s(tables: ScenarioTables, template: PipelineTemplate, n: int) ->
     bandwidth = np.full(tables.num_layers, link.bandwidth_gb_per_s * 1e9)
     latency = np.full(tables.num_layers, link.latency_us * 1e-6)
     return _worst_stage(tables, [template], n, bandwidth, latency)
+
+
+def replicas_sync_s(tables: ScenarioTables, template: PipelineTemplate, n: int) -> float:
+    """Sync of `n` identical replicas of a template through several classes, placed
+    stage-major: a stage's ring stays inside a node where its n copies fit in one of its
+    class's nodes, and runs between nodes at the class's links otherwise (what the
+    placement gives at best: the placed candidate's sync is estimated again)."""
+    if n <= 1:
+        return 0.0
+    largest = {c.key: c.largest_node for c in tables.classes}
+    grad_bytes = tables.scenario.job.grad_bytes
+    bounds = template.partition.bounds
+    worst = 0.0
+    for s, (shape, (data, lat)) in enumerate(zip(template.stages, template.sync_parts,
+                                                 strict=True)):
+        if n * shape.tp <= largest[shape.resource]:
+            link = tables.scenario.cluster.intra_node[shape.gpu_type]
+            params = float(tables.params[bounds[s + 1]] - tables.params[bounds[s]])
+            data = params * grad_bytes / shape.tp / (link.bandwidth_gb_per_s * 1e9)
+            lat = link.latency_us * 1e-6 * (bounds[s + 1] - bounds[s])
+        worst = max(worst, 2 * (n - 1) / n * data + 2 * (n - 1) * lat)
+    return worst
 
 
 def _worst_stage(

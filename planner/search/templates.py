@@ -75,6 +75,9 @@ class PipelineTemplate:
     """Stages of each shape (do not mutate)."""
     _gpus: dict[ClassKey, int] = field(init=False, repr=False)
     _sync_cache: dict[int, float] = field(init=False, repr=False, default_factory=dict)
+    simulated: dict[int, float] = field(init=False, repr=False, default_factory=dict)
+    """Event-simulated time by number of micro-batches, where a draft asked for it
+    (`drafts.pipeline_s`)."""
     _usage: tuple[Mapping[ClassKey, Sequence[int]], dict[tuple[ClassKey, int], int]] | None = (
         field(init=False, repr=False, default=None))
 

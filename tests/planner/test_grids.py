@@ -5,14 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner import SearchOptions, evaluate, parse_plan, parse_scenario, plan
 from planner.costs import state_bytes_per_param
-from planner.search import grids
+from planner.search import drafts, grids
+from planner.search.quick import replicas_sync_s
 from planner.search.tables import compile_tables
-from planner.search.templates import TemplateContext
+from planner.search.templates import StageShape, TemplateContext
 from tests.planner.scenarios import tiny
 
 LAYER_STATE_GIB = 100_000_000 * 18 / 2**30  # one layer's weights, grads and Adam state
@@ -103,7 +105,7 @@ def test_grids_are_the_structures_that_split_every_class_and_the_batch_evenly(
     for subset in grids._subsets(tables):
         per_param = np.array([state_bytes_per_param(tables.scenario, n).total
                               for n in range(1, gpus + 1)])
-        found = grids._least(ctx, subset, best_tp, per_param, keep=10**6)
+        found = list(grids._least(ctx, subset, best_tp, per_param))
         shapes = {(g.replicas, g.stages) for g in found}
         assert len(shapes) == len(found)
         # Every count n that splits each class's GPUs and the batch, at most a stage per
@@ -118,3 +120,30 @@ def test_grids_are_the_structures_that_split_every_class_and_the_batch_evenly(
             for cls, tp, stages in zip(grid.classes, grid.tp, grid.stages, strict=True):
                 assert grid.replicas * stages * tp == cls.num_gpus
     assert len(grids._subsets(tables)) == 4  # all three types, and each pair
+
+
+def test_drafts_of_few_micro_batches_are_timed_by_the_simulation_and_rings_in_nodes() -> None:
+    """An F stage of 11 layers in front of an S stage of one, four replicas placed
+    stage-major (each stage's four copies on one 4-GPU node). With 2 micro-batches the
+    light S stage's fill hides inside the F stage's work: the draft's time is the
+    estimator's, below fill + (m - 1) * bottleneck; with many micro-batches that linear
+    model is kept. The draft's sync is the estimator's too: every ring inside a node."""
+    doc = memory_bound({"F": 12, "S": 12}, gpus=4, batch=8, forward_ms={"F": 1.0, "S": 4.0})
+    doc["cluster"]["inter_node"] = {"bandwidth_gb_per_s": 1, "latency_us": 0}
+    scenario = parse_scenario(doc)
+    tables = compile_tables(scenario)
+    ctx = TemplateContext(tables, scenario.job.schedule)
+    shapes = [StageShape(resource=c.key, tp=1) for c in tables.classes]
+    assert [s.gpu_type for s in shapes] == ["F", "S"]
+    template = ctx.fixed(shapes, 1, [0, 11, 12])
+    assert template is not None
+    placed = parse_plan({"format": "hetplan-plan/1", "pipelines": [
+        one_pipeline({"F": [(0, 11)], "S": [(11, 12)]}, m=2, replica=r) for r in range(4)]})
+    judged = evaluate(scenario, placed)
+    assert judged.valid and judged.sync_s is not None
+    simulated = drafts.pipeline_s(tables, template, 2)
+    assert simulated == pytest.approx(judged.pipelines[0].T_p, rel=1e-9)
+    assert simulated < 0.9 * template.time_s(2)
+    assert drafts.pipeline_s(tables, template, 200) == template.time_s(200)
+    assert replicas_sync_s(tables, template, 4) == pytest.approx(judged.sync_s, rel=1e-9)
+    assert template.sync_s(4) > 10 * judged.sync_s  # the rings between nodes it would assume

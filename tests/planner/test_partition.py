@@ -6,13 +6,16 @@ import functools
 import itertools
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner import parse_scenario
 from planner.documents import Scenario, Schedule
+from planner.search import partition
 from planner.search.partition import (
     LinkCost,
+    Partition,
     StageSpec,
     SuffixSweep,
     extract_light_together,
@@ -39,14 +42,21 @@ def scenario_with(times: list[float], memory_gib: float) -> dict:
 def swept(scenario: Scenario, depth: int) -> tuple[ScenarioTables, list[StageSpec], SuffixSweep]:
     """`depth` stages of one shape (inside a node) pushed into a sweep."""
     tables = compile_tables(scenario)
+    return (tables, *pushed(tables, [tables.classes[0].gpu_type] * depth))
+
+
+def pushed(tables: ScenarioTables, gpu_types: list[str]) -> tuple[list[StageSpec], SuffixSweep]:
+    """Stages of these types at tp 1 (front first, links inside a node) pushed into a sweep,
+    and their specs from the end."""
     ctx = TemplateContext(tables, Schedule.ONE_F_ONE_B)
-    shape = StageShape(resource=tables.classes[0].key, tp=1)
+    shapes = {c.gpu_type: StageShape(resource=c.key, tp=1) for c in tables.classes}
     link = LinkCost(latency_s=1e-5, bytes_per_s=1e10)
-    specs = [ctx.stage_spec(shape, 1, k, link) for k in range(1, depth + 1)]
+    specs = [ctx.stage_spec(shapes[gpu_type], 1, k, link)
+             for k, gpu_type in enumerate(reversed(gpu_types), start=1)]
     sweep = SuffixSweep(tables, blocking=True, num_pipelines=1)
     for spec in specs:
         sweep.push(spec)
-    return tables, specs, sweep
+    return specs, sweep
 
 
 @settings(max_examples=40, deadline=None)
@@ -209,3 +219,78 @@ def test_light_splits_of_sweeps_together_equal_each_sweep_alone(
         for depth in depths[r]:
             expected = alone.extract_light(depth)
             assert found[r][depth] == expected
+
+
+def _pipeline_time(part: Partition, num_micro_batches: int) -> float:
+    return sum(part.stage_s) + (num_micro_batches - 1) * part.bottleneck_s
+
+
+def two_types_swept(times: list[float], memory_gib: float, slowdown: float, fast: list[bool]
+                    ) -> tuple[ScenarioTables, list[StageSpec], SuffixSweep]:
+    """Stages of a fast type G and a type H `slowdown` times slower (`fast[s]` from the
+    front), pushed into a sweep: where few micro-batches run, the fast ones should take most
+    layers, whatever the bottleneck."""
+    doc = scenario_with(times, memory_gib)
+    doc["gpu_types"]["H"] = dict(doc["gpu_types"]["G"])
+    doc["cluster"]["nodes"].append({"name": "h0", "gpu_type": "H", "gpus": 4})
+    doc["cluster"]["intra_node"]["H"] = doc["cluster"]["intra_node"]["G"]
+    doc["profiles"] += [dict(row, gpu_type="H", forward_ms=row["forward_ms"] * slowdown,
+                             backward_ms=row["backward_ms"] * slowdown) for row in doc["profiles"]]
+    tables = compile_tables(parse_scenario(doc))
+    return (tables, *pushed(tables, ["G" if f else "H" for f in fast]))
+
+
+@settings(max_examples=80, deadline=None)
+@given(times=st.lists(st.floats(min_value=0.1, max_value=9.0), min_size=3, max_size=8),
+       fast=st.lists(st.booleans(), min_size=2, max_size=4),
+       slowdown=st.sampled_from([1.0, 1.7, 4.0]),
+       memory_gib=st.sampled_from([2.6, 3.0, 10.0]),
+       num_micro_batches=st.integers(min_value=1, max_value=8),
+       exhaustive=st.booleans())
+def test_least_time_split_equals_brute_force_over_all_splits(
+        times: list[float], fast: list[bool], slowdown: float, memory_gib: float,
+        num_micro_batches: int, exhaustive: bool) -> None:
+    """With every cap tried, the least-time split is the best of all splits for fill +
+    (m - 1) * bottleneck; with caps sampled, it still never loses to the least-bottleneck
+    split. It is None only where no split beats that one by the share it looks for."""
+    tables, specs, sweep = two_types_swept(times, memory_gib, slowdown, fast)
+    depth, num_layers = len(fast), len(times)
+    splits = [part for cuts in itertools.combinations(range(1, num_layers), depth - 1)
+              if (part := fixed_partition(tables, specs, [0, *cuts, num_layers], blocking=True,
+                                          num_pipelines=1)) is not None]
+    least = sweep.extract(depth) if depth <= num_layers else None
+    if least is None:
+        assert not splits
+        return
+    with pytest.MonkeyPatch.context() as patch:
+        if exhaustive:
+            patch.setattr(partition, "LEAST_TIME_CAPS", 10**6)
+        found = sweep.extract_least_time(depth, num_micro_batches)
+    best = min(_pipeline_time(part, num_micro_batches) for part in splits)
+    baseline = _pipeline_time(least, num_micro_batches)
+    if found is None:
+        if exhaustive:
+            assert best >= baseline * (1 - partition.LEAST_TIME_GAIN) - 1e-12
+        return
+    assert found.bounds in {part.bounds for part in splits}
+    assert found.stage_s == pytest.approx(next(p.stage_s for p in splits
+                                               if p.bounds == found.bounds), rel=1e-9)
+    assert _pipeline_time(found, num_micro_batches) < baseline
+    if exhaustive:
+        assert abs(_pipeline_time(found, num_micro_batches) - best) <= 1e-9 * best
+
+
+def test_few_micro_batches_put_most_layers_on_the_fast_stage() -> None:
+    """Hand-worked: 8 equal layers, 3 ms each (forward and backward) on G and 4.5 ms on H,
+    G in front of H; the transfer after layer i (i + 1 MB at 10 GB/s, plus 10 us) is charged
+    forward and backward to both stages. Least bottleneck: 5 layers on G (15 + 2.04 ms), 3
+    on H (13.5 + 2.04 ms). With 2 micro-batches that split is also the fastest (about 43.5
+    ms; 6 + 2 gives about 45). With 1 micro-batch only the fill counts: 7 + 1 (21 + 4.5 +
+    4 * 0.71 = 28.34 ms) beats 5 + 3 (about 32.6 ms)."""
+    tables, _, sweep = two_types_swept([1.0] * 8, 10.0, 1.5, [True, False])
+    least = sweep.extract(2)
+    assert least is not None and least.bounds == (0, 5, 8)
+    assert sweep.extract_least_time(2, 2) is None
+    found = sweep.extract_least_time(2, 1)
+    assert found is not None and found.bounds == (0, 7, 8)
+    assert sum(found.stage_s) == pytest.approx(0.0255 + 4 * 0.00071, rel=1e-9)
