@@ -2,6 +2,7 @@
 (exact mode, an enumeration independent of both) on small random scenarios.
 
 Usage: python bench/exact_gap.py [--count N] [--seed S] [--family random|tiny]
+       [--time-limit S]
 `random`: 2-3 GPUs of two types on two nodes, 2-4 layers, micro-batch sizes 1 and 2, a
 batch of 2-8 sequences, random speeds, memory and links. `tiny`: the five tiny scenarios
 (6-8 GPUs of two or three types, 6-8 layers) changed at random: the batch halved or
@@ -78,6 +79,8 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=30)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--family", choices=["random", "tiny"], default="random")
+    parser.add_argument("--time-limit", type=float, default=2.0,
+                        help="the default search's time limit, its enumeration's included")
     args = parser.parse_args()
     draw = random_scenario if args.family == "random" else perturbed_tiny
     rng = random.Random(args.seed)
@@ -104,7 +107,8 @@ def main() -> None:
         for small in (True, False):
             try:
                 found.append(plan(scenario, SearchOptions(
-                    time_limit_s=2, enumerate_small=small)).evaluation.samples_per_s or 0.0)
+                    time_limit_s=args.time_limit, enumerate_small=small)
+                ).evaluation.samples_per_s or 0.0)
             except Infeasible:
                 found.append(0.0)  # the search missed every valid plan
         assert exact is not None
