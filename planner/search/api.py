@@ -62,6 +62,9 @@ __all__ = ["PlanStatus", "SearchOptions", "PlanResult", "plan"]
 PLANNER_VERSION = "0.1.0"
 REFINED = 3  # best finalists whose batch shares are then set by exact simulation
 BASELINE_FINALISTS = 4  # placed candidates of each baseline judged by the estimator
+FAMILY_FINALISTS = 2
+"""Candidates of each family (allocation, identical replicas, grids) judged whatever the
+other families' quick estimates."""
 EXACT_SHARE = 0.8
 """Share of the time limit the default search gives exact enumeration on small scenarios."""
 QUICK_SLACK = 1.1
@@ -238,11 +241,12 @@ def _searched(
     # beyond the cores left only take turns with it (on 2 cores, one thread is 3-9% faster
     # at 512 GPUs, BENCHMARKS 3).
     threads = min(options.parallel_allocations, usable_cores() - beside_ready.forked)
-    candidates, proven = _allocation_candidates(tables, templates, options, started, report,
-                                                threads=threads)
+    allocated, proven = _allocation_candidates(tables, templates, options, started, report,
+                                               threads=threads)
     # Identical replicas of one template, at each count that splits the batch evenly:
     # what one-grid launchers run, and at times what the allocation's linear model misses.
-    candidates.extend(launcher_candidates(tables, templates))
+    replicated = launcher_candidates(tables, templates)
+    candidates = [*allocated, *replicated]
     report(0.7, "building baselines")
     baselines = {name: _judged(searched, group)
                  for name, group in launcher_baselines(tables).items()}
@@ -252,17 +256,20 @@ def _searched(
         key=lambda judged: judged[0].quick_s)
     candidates.extend(c for group in baselines.values() for c, _ in group)
     candidates.extend(beside.grids)
+    families = [allocated, replicated, beside.grids]
     if local:
         # Only plans whose pipelines share their blocks are valid: give them one split.
         candidates = common_blocks(tables, sorted(candidates, key=lambda c: c.quick_s)
                                    [:2 * options.finalists], max_blocks)
+        families = []
     # The allocation is proven only within its own model (templates, caps), never globally.
     status = PlanStatus.FEASIBLE if proven else PlanStatus.HEURISTIC
     report(0.8, f"judging {min(len(candidates), options.finalists)} finalists")
     admissible = None if max_blocks is None else (
         lambda plan_doc: within_block_cap(plan_doc, max_blocks))
-    best, evaluation, baseline_rates, runners_up = _judge(searched, candidates, baselines,
-                                                          options, admissible, started=started)
+    best, evaluation, baseline_rates, runners_up = _judge(searched, candidates, families,
+                                                          baselines, options, admissible,
+                                                          started=started)
     if options.launcher is not None:
         report(0.9, f"restricting to what {options.launcher} runs")
         candidates.extend(launcher_candidates(tables, templates, LAUNCHER_GRID_DRAFTS,
@@ -563,9 +570,23 @@ def _worth_forking(tables: ScenarioTables) -> bool:
     return sum(c.num_gpus for c in tables.classes) >= FORK_FROM_GPUS
 
 
+def _finalists(candidates: list[Candidate], families: list[list[Candidate]], limit: int
+               ) -> list[Candidate]:
+    """The `limit` candidates of least quick estimate, and the best FAMILY_FINALISTS of each
+    family among them, least quick estimate first. The families' quick estimates err
+    differently (a grid placed stage-major is quoted with its stages' transfers inside a
+    node), and one family's optimistic quotes must not crowd out another's best."""
+    chosen = {id(c): c for c in sorted(candidates, key=lambda c: c.quick_s)[:limit]}
+    for family in families:
+        for candidate in sorted(family, key=lambda c: c.quick_s)[:FAMILY_FINALISTS]:
+            chosen.setdefault(id(candidate), candidate)
+    return sorted(chosen.values(), key=lambda c: c.quick_s)
+
+
 def _judge(
     scenario: Scenario,
     candidates: list[Candidate],
+    families: list[list[Candidate]],
     baselines: dict[str, Judged],
     options: SearchOptions,
     admissible: Callable[[Plan], bool] | None,
@@ -576,7 +597,8 @@ def _judge(
     """The best valid plan (its batch shares and split then refined), each baseline's rate,
     and the runners-up, best first. `admissible` rules plans out beyond validity."""
     known = {id(c): e for group in baselines.values() for c, e in group if e is not None}
-    finalists = _judge_group(scenario, candidates, options.finalists, known)
+    chosen = _finalists(candidates, families, options.finalists)
+    finalists = _judge_group(scenario, chosen, len(chosen), known)
     valid: list[tuple[float, Candidate, Evaluation]] = []
     seen: set[int] = set()
     for candidate, evaluation in finalists + [j for group in baselines.values() for j in group]:

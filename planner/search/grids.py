@@ -48,13 +48,18 @@ __all__ = ["grid_candidates"]
 SWEPT = 3
 """Structures of least estimated time swept by the layer DP, per subset of classes, at
 least; more while their DP cells stay within SWEPT_CELLS."""
-SWEPT_CELLS = 8192
+SWEPT_CELLS = 32768
 """Layers times stages times class orders that the sweeps of one subset may cover beyond
-the first SWEPT structures. The closed-form estimate balances stages, which with few
-micro-batches misranks the unbalanced splits that win there, and sees neither memory nor
-transfers exactly: where sweeps are cheap (few layers, shallow replicas) more structures are
-swept (on 8 layers and 8 GPUs the winner was 12th of 42); on deep models few or none. Four
-times this lost 2% on one perturbed input (a better-quoted grid displacing a finalist)."""
+the first SWEPT structures, on fleets of up to SWEPT_CELLS_FULL_UP_TO GPUs. The closed-form
+estimate balances stages, which with few micro-batches misranks the unbalanced splits that
+win there, and sees neither memory nor transfers exactly: where sweeps are cheap (few
+layers, shallow replicas) more structures are swept (on 8 layers and 8 GPUs the winner was
+12th of 42); on deep models few or none."""
+SWEPT_CELLS_FULL_UP_TO = 128
+"""Past this many GPUs the budget shrinks in proportion, to SWEPT_CELLS_LEAST at least: at
+512 GPUs and more, where planning time has its targets, the grids are built on the path of
+the forked child that the search waits for (32,768 cells there cost it 0.04-0.12 s)."""
+SWEPT_CELLS_LEAST = 8192
 KEPT = 6
 """Grid drafts, least rough time first, placed and offered to the search."""
 TP_PER_CLASS = 3
@@ -93,8 +98,10 @@ def grid_candidates(tables: ScenarioTables) -> list[Candidate]:
     most = max(c.slots(1) for c in tables.classes)
     per_param = np.array([state_bytes_per_param(tables.scenario, n).total
                           for n in range(1, most + 1)])
+    gpus = sum(c.num_gpus for c in tables.classes)
+    cells = max(SWEPT_CELLS_LEAST, SWEPT_CELLS * min(1.0, SWEPT_CELLS_FULL_UP_TO / gpus))
     grids = [grid for subset in _subsets(tables)
-             for grid in _within_cells(tables, _least(ctx, subset, best_tp, per_param))]
+             for grid in _within_cells(tables, _least(ctx, subset, best_tp, per_param), cells)]
     drafts = (identical_draft(tables, template, grid.replicas, "identical pipelines through "
                               + ", ".join(dict.fromkeys(s.gpu_type for s in template.stages)))
               for grid in grids for template in _swept(ctx, grid))
@@ -134,8 +141,9 @@ def _subsets(tables: ScenarioTables) -> list[tuple[ResourceClass, ...]]:
     return [classes] + [tuple(c for c in classes if c is not left) for left in classes]
 
 
-def _within_cells(tables: ScenarioTables, ranked: Iterator[_Grid]) -> list[_Grid]:
-    """The first SWEPT of `ranked`, then more while their sweeps cover at most SWEPT_CELLS
+def _within_cells(tables: ScenarioTables, ranked: Iterator[_Grid], most_cells: float
+                  ) -> list[_Grid]:
+    """The first SWEPT of `ranked`, then more while their sweeps cover at most `most_cells`
     cells (layers x stages x orders of the classes)."""
     kept: list[_Grid] = []
     cells = 0
@@ -143,7 +151,7 @@ def _within_cells(tables: ScenarioTables, ranked: Iterator[_Grid]) -> list[_Grid
         orders = (math.factorial(len(grid.classes)) if len(grid.classes) < MAX_ORDERS_FROM
                   else 2)
         cells += tables.num_layers * sum(grid.stages) * orders if len(kept) >= SWEPT else 0
-        if cells > SWEPT_CELLS:
+        if cells > most_cells:
             break
         kept.append(grid)
     return kept
