@@ -55,11 +55,12 @@ estimate balances stages, which with few micro-batches misranks the unbalanced s
 win there, and sees neither memory nor transfers exactly: where sweeps are cheap (few
 layers, shallow replicas) more structures are swept (on 8 layers and 8 GPUs the winner was
 12th of 42); on deep models few or none."""
-SWEPT_CELLS_FULL_UP_TO = 128
-"""Past this many GPUs the budget shrinks in proportion, to SWEPT_CELLS_LEAST at least: at
-512 GPUs and more, where planning time has its targets, the grids are built on the path of
-the forked child that the search waits for (32,768 cells there cost it 0.04-0.12 s)."""
-SWEPT_CELLS_LEAST = 8192
+SWEPT_CELLS_FULL_UP_TO = 256
+"""Past this many GPUs, SWEPT_CELLS_LARGE_FLEET instead: there the grids are built on the
+path of the forked child that the search waits for, and planning time has its targets at
+512 GPUs and more (32,768 cells cost the child 0.04-0.12 s there, and 8,192 up to 0.09 s on
+the 130-layer input, which made it the longer path)."""
+SWEPT_CELLS_LARGE_FLEET = 2048
 KEPT = 6
 """Grid drafts, least rough time first, placed and offered to the search."""
 TP_PER_CLASS = 3
@@ -99,7 +100,7 @@ def grid_candidates(tables: ScenarioTables) -> list[Candidate]:
     per_param = np.array([state_bytes_per_param(tables.scenario, n).total
                           for n in range(1, most + 1)])
     gpus = sum(c.num_gpus for c in tables.classes)
-    cells = max(SWEPT_CELLS_LEAST, SWEPT_CELLS * min(1.0, SWEPT_CELLS_FULL_UP_TO / gpus))
+    cells = SWEPT_CELLS if gpus <= SWEPT_CELLS_FULL_UP_TO else SWEPT_CELLS_LARGE_FLEET
     grids = [grid for subset in _subsets(tables)
              for grid in _within_cells(tables, _least(ctx, subset, best_tp, per_param), cells)]
     drafts = (identical_draft(tables, template, grid.replicas, "identical pipelines through "
@@ -188,36 +189,41 @@ def _least(ctx: TemplateContext, subset: tuple[ResourceClass, ...],
         if not all(options):
             continue
         tps = np.array(list(itertools.product(*options)))  # (choices, classes)
-        slots = np.array(list(itertools.product(*[[c.slots(tp) for tp in tp_options]
-                                                   for c, tp_options in zip(subset, options,
-                                                                            strict=True)])))
+        slot_options = [np.array([c.slots(tp) for tp in tp_options])
+                        for c, tp_options in zip(subset, options, strict=True)]
+        slots = np.array(list(itertools.product(*slot_options)))
         whole = np.array(list(itertools.product(*[
             [float(tables.points[(c.gpu_type, b, tp)].compute_s[-1]) for tp in tp_options]
             for c, tp_options in zip(subset, options, strict=True)])))
         n = np.arange(1, int(slots.min(axis=1).max()) + 1)  # (counts,)
-        stages = slots[:, None, :] // n[None, :, None]  # (choices, counts, classes)
-        valid = (((slots[:, None, :] % n[None, :, None]) == 0).all(axis=2)
-                 & (stages.min(axis=2) >= 1) & (stages.sum(axis=2) <= tables.num_layers)
-                 & (batch % (n * b) == 0)[None, :])
-        if not valid.any():
+        # Counts that split every class's stages and the batch evenly, per choice: each
+        # class's options tested once, then gathered over the choices.
+        which = np.array(list(itertools.product(*[range(len(o)) for o in options])))
+        valid = np.broadcast_to(batch % (n * b) == 0, (len(tps), len(n)))
+        for c, divisible in enumerate(slot_options):
+            valid = valid & (divisible[:, None] % n[None, :] == 0)[which[:, c]]
+        choice, count = np.nonzero(valid)  # row-major: ties keep this order below
+        stages = slots[choice] // n[count][:, None]  # (structures, classes)
+        depth = stages.sum(axis=1)
+        short = (depth <= tables.num_layers) & (stages.min(axis=1) >= 1)
+        choice, count, stages, depth = choice[short], count[short], stages[short], depth[short]
+        if not len(choice):
             continue
-        # Structures ruled out (a class with no stage) divide by zero: masked below.
-        with np.errstate(divide="ignore", invalid="ignore"):
-            stage_s = 1.0 / (stages / whole[:, None, :]).sum(axis=2)
-            transfer_s = 0.0 if not ctx.blocking else min(
-                link.latency_s + moved * b / link.bytes_per_s for link in inside + across)
-            pipeline_s = (batch // (n * b) - 1 + stages.sum(axis=2)) * (stage_s + 4 * transfer_s)
-            params = float(tables.params[-1]) * stage_s[:, :, None] / whole[:, None, :] / tps[:, None, :]
-            fits = (params * per_param[n - 1][None, :, None] <= capacity).all(axis=2)
-            near = n[None, :, None] * tps[:, None, :] <= largest  # n holders of a stage on a node
-            bandwidth = np.where(near, [link.bytes_per_s for link in inside], [r[0] for r in rings])
-            latency = np.where(near, [link.latency_s for link in inside], [r[1] for r in rings])
-            steps = (n - 1)[None, :, None]
-            sync_s = (2 * steps / n[None, :, None] * params * job.grad_bytes / bandwidth
-                      + 2 * steps * latency).max(axis=2)
-            total = np.where(valid & fits, pipeline_s + sync_s, np.inf)
-        choice, count = np.nonzero(np.isfinite(total))
-        found.append((b, total[choice, count], tps[choice], n[count], stages[choice, count]))
+        counts, their_tps, their_whole = n[count], tps[choice], whole[choice]
+        stage_s = 1.0 / (stages / their_whole).sum(axis=1)
+        transfer_s = 0.0 if not ctx.blocking else min(
+            link.latency_s + moved * b / link.bytes_per_s for link in inside + across)
+        pipeline_s = (batch // (counts * b) - 1 + depth) * (stage_s + 4 * transfer_s)
+        params = float(tables.params[-1]) * stage_s[:, None] / their_whole / their_tps
+        fits = (params * per_param[counts - 1][:, None] <= capacity).all(axis=1)
+        near = counts[:, None] * their_tps <= largest  # n holders of a stage on a node
+        bandwidth = np.where(near, [link.bytes_per_s for link in inside], [r[0] for r in rings])
+        latency = np.where(near, [link.latency_s for link in inside], [r[1] for r in rings])
+        steps = (counts - 1)[:, None]
+        sync_s = (2 * steps / counts[:, None] * params * job.grad_bytes / bandwidth
+                  + 2 * steps * latency).max(axis=1)
+        total = pipeline_s + sync_s
+        found.append((b, total[fits], their_tps[fits], counts[fits], stages[fits]))
     if not found:
         return
     # Ties keep the order of micro-batch size, then tp choice, then count.
