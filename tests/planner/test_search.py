@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 
 from planner import Infeasible, SearchOptions, evaluate, parse_plan, parse_scenario, plan
 from planner.documents import dump_document
+from planner.search.api import FAMILY_FINALISTS, _finalists
+from planner.search.drafts import Candidate
 from planner.search.templates import even_bounds
 from tests.planner.scenarios import tiny
 
@@ -158,3 +160,18 @@ def test_allocations_solved_side_by_side_give_the_same_plan() -> None:
     two = plan(scenario, SearchOptions(parallel_allocations=2))
     assert one.evaluation.iteration_s == two.evaluation.iteration_s
     assert [p.model_dump() for p in one.plan.pipelines] == [p.model_dump() for p in two.plan.pipelines]
+
+
+def test_each_family_of_candidates_has_its_best_judged_however_the_others_are_quoted() -> None:
+    """Ten grids quoted below every allocation fill the eight finalists by quick estimate
+    alone; the allocation's best two are judged too, and its third is not."""
+    def candidate(quick_s: float, origin: str) -> Candidate:
+        return Candidate(build=lambda: pytest.fail("judging needs no plan built"),
+                         quick_s=quick_s, origin=origin)
+
+    grids = [candidate(1.0 + i / 100, f"grid {i}") for i in range(10)]
+    allocated = [candidate(2.0 + i / 100, f"allocation {i}") for i in range(3)]
+    chosen = _finalists([*allocated, *grids], [allocated, [], grids], limit=8)
+    assert [c.origin for c in chosen] == [f"grid {i}" for i in range(8)] + [
+        f"allocation {i}" for i in range(FAMILY_FINALISTS)]
+    assert _finalists([*allocated, *grids], [], limit=8) == grids[:8]
