@@ -52,7 +52,12 @@ class TemplateLimits:
     max_stages: int = 64
     """Deepest pipeline considered."""
     max_points_per_class: int = 2
-    """(micro_batch, tp) points per class kept for two-segment templates."""
+    """(micro_batch, tp) points per class kept for two-segment templates..."""
+    every_point_up_to_gpus: int = 16
+    """... but every profiled point on fleets of at most this many GPUs (the sizes exact
+    mode takes), where two-segment templates are few and cheap: with few micro-batches a
+    slower point often wins there (a larger tp, fewer stages to fill; an A100 tp2 behind an
+    H100), and the search should not need the enumeration to find it."""
     tail_stage_counts: tuple[int, ...] = (1, 2, 4, 8)
     """Stage counts of the back segment of two-segment templates."""
 
@@ -275,7 +280,9 @@ def generate_templates(
     homogeneous = list(_homogeneous(ctx, num_pipelines_hint, limits))
     if not two_segment:
         return homogeneous
-    best_points = _best_points(ctx, homogeneous, limits.max_points_per_class)
+    small = sum(c.num_gpus for c in tables.classes) <= limits.every_point_up_to_gpus
+    best_points = _best_points(ctx, homogeneous,
+                               len(tables.points) if small else limits.max_points_per_class)
     deepest = _deepest_useful(homogeneous)
     mixed = list(_two_segment(ctx, best_points, deepest, num_pipelines_hint, limits))
     return homogeneous + mixed
