@@ -19,7 +19,7 @@ import platform
 import random
 import time
 
-from plan_quality import TINY
+from plan_quality import tiny_scenarios
 
 from planner import Infeasible, PlanStatus, SearchOptions, parse_scenario, plan
 from planner.search.exact import TooLargeForExact
@@ -58,8 +58,7 @@ def random_scenario(rng: random.Random) -> dict:
 
 
 def perturbed_tiny(rng: random.Random) -> dict:
-    shared = sorted(p for p in TINY.glob("tiny-*.json") if not p.name.endswith(".optimum.json"))
-    doc = json.loads(rng.choice(shared).read_text())
+    doc = json.loads(rng.choice(tiny_scenarios()).read_text())
     job = doc["job"]
     job["global_batch_size"] = max(1, int(job["global_batch_size"] * rng.choice([0.5, 1, 2])))
     speed = {t: rng.uniform(0.7, 1.4) for t in doc["gpu_types"]}

@@ -74,12 +74,17 @@ def quality_table(name: str, paths: list[Path], time_limit: float) -> None:
           f"(lowest {min(mixed_vs_best, default=math.nan):.3f}x)")
 
 
+def tiny_scenarios() -> list[Path]:
+    """The tiny scenarios' files, without their optima."""
+    return sorted(p for p in TINY.glob("tiny-*.json") if not p.stem.endswith(".optimum"))
+
+
 def tiny_table(time_limit: float) -> None:
     print("\n### tiny scenarios (known optima)\n")
     print("| scenario | optimum samples/s | default search | default / optimum | default s | "
           "exact mode | exact / optimum | exact status | exact s |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for path in sorted(p for p in TINY.glob("tiny-*.json") if not p.stem.endswith(".optimum")):
+    for path in tiny_scenarios():
         scenario = parse_scenario(json.loads(path.read_text()))
         optimum = json.loads((TINY / f"{path.stem}.optimum.json").read_text())["samples_per_s"]
         started = time.perf_counter()

@@ -23,7 +23,6 @@ homogeneous pipelines rank each class's tp.
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -149,8 +148,7 @@ def _within_cells(tables: ScenarioTables, ranked: Iterator[_Grid], most_cells: f
     kept: list[_Grid] = []
     cells = 0
     for grid in ranked:
-        orders = (math.factorial(len(grid.classes)) if len(grid.classes) < MAX_ORDERS_FROM
-                  else 2)
+        orders = len(_class_orders(tables, grid))
         cells += tables.num_layers * sum(grid.stages) * orders if len(kept) >= SWEPT else 0
         if cells > most_cells:
             break
@@ -237,17 +235,22 @@ def _least(ctx: TemplateContext, subset: tuple[ResourceClass, ...],
                     replicas=int(counts[r]), stages=tuple(int(x) for x in stages[r]))
 
 
-def _swept(ctx: TemplateContext, grid: _Grid) -> Iterator[PipelineTemplate]:
-    """The grid's pipelines with their least-bottleneck splits, in each order of its
-    classes."""
+def _class_orders(tables: ScenarioTables, grid: _Grid
+                  ) -> list[tuple[tuple[ResourceClass, int, int], ...]]:
+    """(class, tp, stages) of the grid's classes in each order its replicas try: every
+    order, or with MAX_ORDERS_FROM classes and more, by memory both ways."""
     keys = [(c, tp, s) for c, tp, s in zip(grid.classes, grid.tp, grid.stages, strict=True)]
     if len(keys) < MAX_ORDERS_FROM:
-        orders = list(itertools.permutations(keys))
-    else:
-        by_memory = sorted(keys, key=lambda k: -ctx.tables.capacity_bytes[k[0].gpu_type])
-        orders = [tuple(by_memory), tuple(reversed(by_memory))]
+        return list(itertools.permutations(keys))
+    by_memory = sorted(keys, key=lambda k: -tables.capacity_bytes[k[0].gpu_type])
+    return [tuple(by_memory), tuple(reversed(by_memory))]
+
+
+def _swept(ctx: TemplateContext, grid: _Grid) -> Iterator[PipelineTemplate]:
+    """The grid's pipelines in each order of its classes, with their least-bottleneck splits
+    and, where faster, their splits of least time for the grid's micro-batches."""
     micro_batches = ctx.scenario.job.global_batch_size // (grid.replicas * grid.micro_batch)
-    for order in orders:
+    for order in _class_orders(ctx.tables, grid):
         stages = [StageShape(resource=c.key, tp=tp) for c, tp, s in order for _ in range(s)]
         yield from _split(ctx, stages, grid.micro_batch, grid.replicas, micro_batches)
 

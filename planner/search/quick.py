@@ -16,7 +16,7 @@ import numpy as np
 from planner.costs import zone_link
 from planner.documents import Node, Scenario
 from planner.search.tables import ScenarioTables
-from planner.search.templates import PipelineTemplate
+from planner.search.templates import PipelineTemplate, rings_s
 
 __all__ = ["estimate_sync_s", "inside_sync_s", "replicas_sync_s", "rough_sync_s"]
 
@@ -117,16 +117,14 @@ def replicas_sync_s(tables: ScenarioTables, template: PipelineTemplate, n: int) 
     largest = {c.key: c.largest_node for c in tables.classes}
     grad_bytes = tables.scenario.job.grad_bytes
     bounds = template.partition.bounds
-    worst = 0.0
-    for s, (shape, (data, lat)) in enumerate(zip(template.stages, template.sync_parts,
-                                                 strict=True)):
+    parts = list(template.sync_parts)
+    for s, shape in enumerate(template.stages):
         if n * shape.tp <= largest[shape.resource]:
             link = tables.scenario.cluster.intra_node[shape.gpu_type]
             params = float(tables.params[bounds[s + 1]] - tables.params[bounds[s]])
-            data = params * grad_bytes / shape.tp / (link.bandwidth_gb_per_s * 1e9)
-            lat = link.latency_us * 1e-6 * (bounds[s + 1] - bounds[s])
-        worst = max(worst, 2 * (n - 1) / n * data + 2 * (n - 1) * lat)
-    return worst
+            parts[s] = (params * grad_bytes / shape.tp / (link.bandwidth_gb_per_s * 1e9),
+                        link.latency_us * 1e-6 * (bounds[s + 1] - bounds[s]))
+    return rings_s(parts, n)
 
 
 def _worst_stage(

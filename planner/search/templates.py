@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import math
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -31,7 +31,7 @@ from planner.search.tables import ResourceClass, ScenarioTables
 
 __all__ = [
     "StageShape", "PipelineTemplate", "generate_templates", "TemplateLimits", "TemplateContext",
-    "even_bounds", "homogeneous_templates", "template_from_partition",
+    "even_bounds", "homogeneous_templates", "rings_s", "template_from_partition",
 ]
 
 ClassKey = tuple[str, str | None]
@@ -121,8 +121,7 @@ class PipelineTemplate:
             return 0.0
         cache = self._sync_cache
         if n not in cache:
-            cache[n] = max([2 * (n - 1) / n * data + 2 * (n - 1) * lat
-                            for data, lat in self.sync_parts])
+            cache[n] = rings_s(self.sync_parts, n)
         return cache[n]
 
     def usage(
@@ -142,6 +141,12 @@ class PipelineTemplate:
             known = (levels, usage)
             object.__setattr__(self, "_usage", known)
         return known[1]
+
+
+def rings_s(parts: Iterable[tuple[float, float]], n: int) -> float:
+    """The longest of the stages' sync rings among `n` holders, each given as (seconds of its
+    gradient bytes over its ring's link, seconds of latency per ring step)."""
+    return max([2 * (n - 1) / n * data + 2 * (n - 1) * lat for data, lat in parts])
 
 
 class TemplateContext:
