@@ -22,6 +22,7 @@ homogeneous pipelines rank each class's tp.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -67,6 +68,11 @@ TP_PER_CLASS = 3
 class trade some speed per GPU for fewer, larger stages (on a perturbed 32-GPU LLaMA-7B
 input, two A10 tp4 stages in front of four H100 tp2 ones: 2.5% faster than the best grid
 with two options; no plan of the shared scenarios changed)."""
+CORRECTED_FIRST = 64
+"""Structures whose whole-layer estimate `_least` computes at once, in order of their
+balanced estimate; each further batch twice the last (most callers take a few)."""
+BISECTIONS = 40
+"""Halvings of the interval searched for a structure's whole-layer bottleneck: 2^-40 of it."""
 MAX_ORDERS_FROM = 4
 """With this many classes or more, two orders are swept (by memory, both ways), not all."""
 
@@ -100,11 +106,11 @@ def grid_candidates(tables: ScenarioTables) -> list[Candidate]:
                           for n in range(1, most + 1)])
     gpus = sum(c.num_gpus for c in tables.classes)
     cells = SWEPT_CELLS if gpus <= SWEPT_CELLS_FULL_UP_TO else SWEPT_CELLS_LARGE_FLEET
-    grids = [grid for subset in _subsets(tables)
-             for grid in _within_cells(tables, _least(ctx, subset, best_tp, per_param), cells)]
+    swept = [found for subset in _subsets(tables)
+             for found in _swept_within(ctx, _least(ctx, subset, best_tp, per_param), cells)]
     drafts = (identical_draft(tables, template, grid.replicas, "identical pipelines through "
                               + ", ".join(dict.fromkeys(s.gpu_type for s in template.stages)))
-              for grid in grids for template in _swept(ctx, grid))
+              for grid, template in swept)
     return best_realized(tables, drafts, KEPT)
 
 
@@ -141,19 +147,23 @@ def _subsets(tables: ScenarioTables) -> list[tuple[ResourceClass, ...]]:
     return [classes] + [tuple(c for c in classes if c is not left) for left in classes]
 
 
-def _within_cells(tables: ScenarioTables, ranked: Iterator[_Grid], most_cells: float
-                  ) -> list[_Grid]:
-    """The first SWEPT of `ranked`, then more while their sweeps cover at most `most_cells`
-    cells (layers x stages x orders of the classes)."""
-    kept: list[_Grid] = []
+def _swept_within(ctx: TemplateContext, ranked: Iterator[_Grid], most_cells: float
+                  ) -> Iterator[tuple[_Grid, PipelineTemplate]]:
+    """The pipelines of the first SWEPT structures of `ranked` that give any (a structure
+    the closed form let through may not fit in memory once split), then of more while
+    their sweeps cover at most `most_cells` cells (layers x stages x orders of the
+    classes)."""
+    kept = 0
     cells = 0
     for grid in ranked:
-        orders = len(_class_orders(tables, grid))
-        cells += tables.num_layers * sum(grid.stages) * orders if len(kept) >= SWEPT else 0
-        if cells > most_cells:
-            break
-        kept.append(grid)
-    return kept
+        if kept >= SWEPT:
+            cells += ctx.tables.num_layers * sum(grid.stages) * len(_class_orders(ctx.tables,
+                                                                               grid))
+            if cells > most_cells:
+                return
+        found = list(_swept(ctx, grid))
+        kept += bool(found)
+        yield from ((grid, template) for template in found)
 
 
 def _least(ctx: TemplateContext, subset: tuple[ResourceClass, ...],
@@ -164,10 +174,11 @@ def _least(ctx: TemplateContext, subset: tuple[ResourceClass, ...],
     batch evenly, at most one stage per layer.
 
     The estimate balances the stages by speed (each takes the same time t, so a class's
-    stages hold t / (its whole-model time) of the model each), charges every stage a
-    transfer in and out both ways at the cheapest link any class has, adds the fill, and
-    the sync ring of each class's stages, their parameters in proportion to their share
-    of the model, inside a node where n holders fit in one. Where a stage's state alone
+    stages hold t / (its whole-model time) of the model each) for the fill, and times
+    every further micro-batch at the heaviest stage whole layers allow (`_by_whole_layers`);
+    it charges every stage a transfer in and out both ways at the cheapest link any class
+    has, and adds the sync ring of each class's stages, their parameters in proportion to
+    their share of the model, inside a node where n holders fit in one. Where a stage's state alone
     would not fit, the grid is ruled out. Estimated for all tp choices and counts of a
     micro-batch size at once (thousands of structures on six classes). `per_param[n - 1]`:
     state bytes per parameter with n replicas."""
@@ -181,7 +192,7 @@ def _least(ctx: TemplateContext, subset: tuple[ResourceClass, ...],
     moved = float(tables.output_bytes[:-1].mean()) if tables.num_layers > 1 else 0.0
     # Per micro-batch size: its structures' estimates (thousands on six classes), ranked
     # together at the end; a _Grid is built only for those the caller takes.
-    found: list[tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+    found: list[_Estimates] = []
     for b in sorted({b for (_, b, _) in tables.points}):
         options = [best_tp.get((c.key, b), []) for c in subset]
         if not all(options):
@@ -211,7 +222,8 @@ def _least(ctx: TemplateContext, subset: tuple[ResourceClass, ...],
         stage_s = 1.0 / (stages / their_whole).sum(axis=1)
         transfer_s = 0.0 if not ctx.blocking else min(
             link.latency_s + moved * b / link.bytes_per_s for link in inside + across)
-        pipeline_s = (batch // (counts * b) - 1 + depth) * (stage_s + 4 * transfer_s)
+        steady = batch // (counts * b) - 1  # micro-batches after the first
+        pipeline_s = (steady + depth) * (stage_s + 4 * transfer_s)
         params = float(tables.params[-1]) * stage_s[:, None] / their_whole / their_tps
         fits = (params * per_param[counts - 1][:, None] <= capacity).all(axis=1)
         near = counts[:, None] * their_tps <= largest  # n holders of a stage on a node
@@ -220,19 +232,79 @@ def _least(ctx: TemplateContext, subset: tuple[ResourceClass, ...],
         steps = (counts - 1)[:, None]
         sync_s = (2 * steps / counts[:, None] * params * job.grad_bytes / bandwidth
                   + 2 * steps * latency).max(axis=1)
-        total = pipeline_s + sync_s
-        found.append((b, total[fits], their_tps[fits], counts[fits], stages[fits]))
+        found.append(_Estimates(
+            micro_batch=np.full(int(fits.sum()), b), balanced_s=(pipeline_s + sync_s)[fits],
+            tps=their_tps[fits], counts=counts[fits], stages=stages[fits],
+            stage_s=stage_s[fits], steady=steady[fits],
+            layer_s=their_whole[fits] / tables.num_layers))
     if not found:
         return
-    # Ties keep the order of micro-batch size, then tp choice, then count.
-    order = np.argsort(np.concatenate([totals for _, totals, *_ in found]), kind="stable")
-    owner = np.concatenate([np.full(len(totals), i) for i, (_, totals, *_) in enumerate(found)])
-    offset = np.concatenate([np.arange(len(totals)) for _, totals, *_ in found])
-    for k in order.tolist():
-        b, _, tps, counts, stages = found[int(owner[k])]
-        r = int(offset[k])
-        yield _Grid(classes=subset, micro_batch=b, tp=tuple(int(tp) for tp in tps[r]),
-                    replicas=int(counts[r]), stages=tuple(int(x) for x in stages[r]))
+    every = _Estimates(**{name: np.concatenate([getattr(f, name) for f in found])
+                          for name in _Estimates.__dataclass_fields__})
+    for r in _by_whole_layers(every, tables.num_layers):
+        yield _Grid(classes=subset, micro_batch=int(every.micro_batch[r]),
+                    tp=tuple(int(tp) for tp in every.tps[r]), replicas=int(every.counts[r]),
+                    stages=tuple(int(x) for x in every.stages[r]))
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Estimates:
+    """Structures of one subset (rows), as `_least` estimates them."""
+
+    micro_batch: np.ndarray
+    balanced_s: np.ndarray
+    """Iteration with every stage at the balanced time: fill, further micro-batches, sync."""
+    tps: np.ndarray
+    counts: np.ndarray
+    stages: np.ndarray
+    stage_s: np.ndarray
+    """The balanced stage time."""
+    steady: np.ndarray
+    """Micro-batches after the first, each waiting for the heaviest stage."""
+    layer_s: np.ndarray
+    """Per class: its mean time per layer."""
+
+
+def _by_whole_layers(estimates: _Estimates, num_layers: int) -> Iterator[int]:
+    """Rows in order of their estimate with whole layers: the fill runs through balanced
+    stages, but every further micro-batch waits for the heaviest stage, which whole layers
+    may not balance (24 stages over 34 layers: twice the balanced time). The balanced
+    estimate is a lower bound of it: rows are corrected in batches in its order, and one
+    is given once no row still uncorrected can come before it (ties in balanced order)."""
+    order = np.argsort(estimates.balanced_s, kind="stable")
+    ready: list[tuple[float, int, int]] = []  # (whole-layer estimate, rank, row)
+    done = 0
+    batch = CORRECTED_FIRST
+    while done < len(order) or ready:
+        if done < len(order) and (not ready or ready[0][0] > estimates.balanced_s[order[done]]):
+            rows = order[done:done + batch]
+            heaviest = _whole_layers_bottleneck(estimates.stages[rows], estimates.layer_s[rows],
+                                                num_layers)
+            totals = (estimates.balanced_s[rows]
+                      + estimates.steady[rows] * (heaviest - estimates.stage_s[rows]))
+            for rank, (total, row) in enumerate(zip(totals.tolist(), rows.tolist(),
+                                                    strict=True), start=done):
+                heapq.heappush(ready, (total, rank, row))
+            done += len(rows)
+            batch *= 2
+            continue
+        yield heapq.heappop(ready)[2]
+
+
+def _whole_layers_bottleneck(stages: np.ndarray, layer_s: np.ndarray, num_layers: int
+                             ) -> np.ndarray:
+    """Per structure (rows of `stages`, stages per class), the least stage time t at which
+    its stages cover the model in whole layers, each of class c holding floor(t / layer_s[c])
+    of them and at least one: the layers taken as equal, each class's the mean of its own."""
+    low = layer_s.max(axis=1)  # every stage holds a layer
+    high = np.maximum(low, layer_s.max(axis=1) * num_layers)
+    for _ in range(BISECTIONS):
+        mid = (low + high) / 2
+        covered = (stages * np.floor(mid[:, None] / layer_s * (1 + 1e-12))).sum(axis=1)
+        enough = covered >= num_layers
+        high = np.where(enough, mid, high)
+        low = np.where(enough, low, mid)
+    return high
 
 
 def _class_orders(tables: ScenarioTables, grid: _Grid

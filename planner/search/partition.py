@@ -190,8 +190,8 @@ class SuffixSweep:
         if saving < LEAST_TIME_GAIN * best_s:
             return None  # many micro-batches: the fill cannot weigh enough
         reach = math.inf if weight == 0 else saving / weight
-        for cap in splits.caps(least.bottleneck_s, least.bottleneck_s + reach):
-            fill = splits.least_sum(cap)[0]
+        caps = splits.caps(least.bottleneck_s, least.bottleneck_s + reach)
+        for cap, fill in zip(caps, splits.least_sums(caps), strict=True):
             if fill + weight * cap < best_s * (1 - 1e-9):
                 best_s, best_cap = fill + weight * cap, cap
         return None if best_cap is None else splits.walk(best_cap)
@@ -334,6 +334,28 @@ class _LeastTime:
                 choices.append(self.ends[rows, pick])
             self._found[cap] = (float(best[0]), choices)
         return self._found[cap]
+
+    def least_sums(self, caps: list[float]) -> list[float]:
+        """`least_sum(cap)[0]` for every cap at once: one numpy pass per stage over all of
+        them (deep pipelines try up to LEAST_TIME_CAPS caps, each a pass per stage)."""
+        size = self.num_layers
+        rows = _rows(size + 1)[:-1]
+        last = np.full(size + 1, INF)
+        length = size - rows
+        inside = length <= self.ends.shape[1]
+        last[:-1][inside] = self.costs[0][rows[inside], length[inside] - 1]
+        bound = np.array(caps)[:, None]
+        best = np.where(last[None, :] <= bound, last[None, :], INF) + self.extra[0][None, :]
+        padding = np.full(best.shape, INF)
+        for cost, extra in zip(self.costs[1:], self.extra[1:], strict=True):
+            # Only ranges within the largest cap count: the columns up to the longest.
+            under = np.flatnonzero((cost <= bound.max()).any(axis=0))
+            width = int(under[-1]) + 1 if under.size else 1
+            behind = np.concatenate((best, padding), axis=1)[:, self.ends[:, :width]]
+            total = np.where(cost[None, :, :width] <= bound[:, :, None], cost[None, :, :width],
+                             INF) + behind
+            best = total.min(axis=2) + extra[None, :]
+        return [float(x) for x in best[:, 0]]
 
     def fill_of(self, part: Partition) -> float:
         """The fill of a split of these stages, as `least_sum` counts it."""
