@@ -167,15 +167,18 @@ def test_structures_come_in_order_of_their_whole_layer_estimate(seed: int, rows:
 def test_structures_that_do_not_fit_do_not_count_among_the_first_swept() -> None:
     # Twelve layers, room for two on each GPU: 12 X and 12 Y GPUs in 6 or 12 replicas (4 or
     # 2 stages each) cannot hold the model, nor 1 replica (24 stages for 12 layers); 4, 3
-    # and 2 replicas can. Ranked first, the three that cannot must not use up the three
-    # structures swept whatever the budget.
+    # and 2 replicas can. Ranked first, the two that cannot must not use up the three
+    # structures swept whatever the budget; a third that cannot ends the free ones.
     doc = memory_bound({"X": 2, "Y": 2}, gpus=12, batch=12)
     tables = compile_tables(parse_scenario(doc))
     ctx = TemplateContext(tables, tables.scenario.job.schedule)
     ranked = [grids._Grid(classes=tables.classes, micro_batch=1, tp=(1, 1), replicas=n,
-                          stages=(12 // n, 12 // n)) for n in (12, 6, 1, 4, 3, 2)]
+                          stages=(12 // n, 12 // n)) for n in (12, 6, 4, 3, 2, 1)]
     swept = list(grids._swept_within(ctx, iter(ranked), most_cells=0))
     assert {grid.replicas for grid, _ in swept} == {4, 3, 2}
+    fewer = list(grids._swept_within(ctx, iter([ranked[0], ranked[1], ranked[5], *ranked[2:5]]),
+                                     most_cells=0))
+    assert {grid.replicas for grid, _ in fewer} == set()
 
 
 def test_grids_are_ranked_by_the_stages_whole_layers_can_balance() -> None:
