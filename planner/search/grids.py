@@ -299,7 +299,7 @@ def _whole_layers_bottleneck(stages: np.ndarray, layer_s: np.ndarray, num_layers
     its stages cover the model in whole layers, each of class c holding floor(t / layer_s[c])
     of them and at least one: the layers taken as equal, each class's the mean of its own."""
     low = layer_s.max(axis=1)  # every stage holds a layer
-    high = np.maximum(low, layer_s.max(axis=1) * num_layers)
+    high = low * num_layers  # every stage holds the whole model
     for _ in range(BISECTIONS):
         mid = (low + high) / 2
         covered = (stages * np.floor(mid[:, None] / layer_s * (1 + 1e-12))).sum(axis=1)

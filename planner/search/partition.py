@@ -311,6 +311,12 @@ class _LeastTime:
                 extra[1:] = 2 * (link.latency_s + tables.output_bytes * spec.point.micro_batch
                                  / link.bytes_per_s)
             self.extra.append(extra)
+        # The last stage ends with the model: its time from each start j (length size - j).
+        self.last_s = np.full(size + 1, INF)
+        starts = _rows(size + 1)[:-1]
+        length = size - starts
+        inside = length <= width
+        self.last_s[:-1][inside] = self.costs[0][starts[inside], length[inside] - 1]
         self._found: dict[float, tuple[float, list[np.ndarray]]] = {}
 
     def least_sum(self, cap: float) -> tuple[float, list[np.ndarray]]:
@@ -319,11 +325,7 @@ class _LeastTime:
         if cap not in self._found:
             size = self.num_layers
             rows = _rows(size + 1)
-            # The last stage ends with the model: its range from j has length size - j.
-            last = np.full(size + 1, INF)
-            length = size - rows[:-1]
-            inside = length <= self.ends.shape[1]
-            last[:-1][inside] = self.costs[0][rows[:-1][inside], length[inside] - 1]
+            last = self.last_s
             best = np.where(last <= cap, last, INF) + self.extra[0]
             choices = []
             for cost, extra in zip(self.costs[1:], self.extra[1:], strict=True):
@@ -338,12 +340,7 @@ class _LeastTime:
     def least_sums(self, caps: list[float]) -> list[float]:
         """`least_sum(cap)[0]` for every cap at once: one numpy pass per stage over all of
         them (deep pipelines try up to LEAST_TIME_CAPS caps, each a pass per stage)."""
-        size = self.num_layers
-        rows = _rows(size + 1)[:-1]
-        last = np.full(size + 1, INF)
-        length = size - rows
-        inside = length <= self.ends.shape[1]
-        last[:-1][inside] = self.costs[0][rows[inside], length[inside] - 1]
+        last = self.last_s
         bound = np.array(caps)[:, None]
         best = np.where(last[None, :] <= bound, last[None, :], INF) + self.extra[0][None, :]
         padding = np.full(best.shape, INF)
