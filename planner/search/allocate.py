@@ -74,18 +74,21 @@ def allocate(
     time_limit_s: float,
     num_workers: int = 1,
     runners_up: int = 0,
+    seed: dict[int, int] | None = None,
 ) -> Allocation | None:
     """Pipelines per template that cover the global batch soonest, within GPU limits. With
     `runners_up`, that many more iterations each ban one more template: the one holding
     the most GPUs in the allocation before (their allocations are only `visited`). Many
     allocations lie within a fraction of a percent of each other in the linear model,
     which sees neither the sync rings nor placement: which of them the knapsack returns
-    is chance, and the estimator may rank another first."""
+    is chance, and the estimator may rank another first. A `seed` (pipelines per template
+    index, say another run's allocation) starts the iteration where it fits and covers the
+    batch sooner than the greedy allocation: a knapsack step fewer where it is the optimum."""
     deadline = time.monotonic() + time_limit_s
     usage = _usage_table(tables, templates)
     offer = _Offer(templates)
     best = _iterate(tables, templates, offer, usage, max_pipelines, deadline, num_workers,
-                    banned=set())
+                    banned=set(), seed=seed)
     if best is None:
         return None
     visited = list(best.visited)
@@ -113,15 +116,22 @@ def _iterate(
     *,
     banned: set[int],
     steps: int = DINKELBACH_STEPS,
+    seed: dict[int, int] | None = None,
 ) -> Allocation | None:
-    """Dinkelbach's iteration from the greedy allocation, without the `banned` templates."""
+    """Dinkelbach's iteration from the greedy allocation (or the seed, where it fits and
+    finishes sooner), without the `banned` templates."""
     batch = tables.scenario.job.global_batch_size
     counts = _greedy(tables, offer, usage, max_pipelines, banned)
     if not counts:
         return None
     target = _finish_time(templates, counts, batch)
-    proven, converged = True, False
     visited = [counts]
+    if seed and _fits(tables, usage, seed, max_pipelines, banned):
+        seeded = _finish_time(templates, seed, batch)
+        if seeded < target:
+            counts, target = seed, seeded
+            visited.append(seed)
+    proven, converged = True, False
     for _ in range(steps):
         remaining = deadline - time.monotonic()
         if remaining <= 0.01:
@@ -139,6 +149,20 @@ def _iterate(
         counts, target = solved, new_target
     return Allocation(counts=counts, pipeline_s=target, proven=proven and converged,
                       visited=tuple(visited))
+
+
+def _fits(tables: ScenarioTables, usage: dict[int, dict[Row, int]], counts: dict[int, int],
+          max_pipelines: int | None, banned: set[int]) -> bool:
+    """Whether an allocation fits the GPUs, the cap on pipelines and the bans."""
+    if banned & counts.keys() or (max_pipelines is not None
+                                  and sum(counts.values()) > max_pipelines):
+        return False
+    used: dict[Row, int] = {}
+    for k, n in counts.items():
+        for row, amount in usage[k].items():
+            used[row] = used.get(row, 0) + n * amount
+    rows = tables.resource_rows
+    return all(amount <= rows[row] for row, amount in used.items())
 
 
 def _finish_time(templates: Sequence[PipelineTemplate], counts: dict[int, int], batch: int) -> float:

@@ -21,7 +21,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -250,6 +250,9 @@ def _searched(
     report(0.7, "building baselines")
     baselines = {name: _judged(searched, group)
                  for name, group in launcher_baselines(tables).items()}
+    waited = _while_waiting(beside_ready, searched, allowed,
+                            [] if local else sorted([*allocated, *replicated],
+                                                    key=lambda c: c.quick_s)[:options.finalists])
     beside = beside_ready.result()
     baselines["per_type"] = sorted(
         beside.per_type + [(as_per_type(c), e) for c, e in baselines["homogeneous"]],
@@ -269,7 +272,7 @@ def _searched(
         lambda plan_doc: within_block_cap(plan_doc, max_blocks))
     best, evaluation, baseline_rates, runners_up = _judge(searched, candidates, families,
                                                           baselines, options, admissible,
-                                                          started=started)
+                                                          started=started, known=waited.judged)
     if options.launcher is not None:
         report(0.9, f"restricting to what {options.launcher} runs")
         candidates.extend(launcher_candidates(tables, templates, LAUNCHER_GRID_DRAFTS,
@@ -305,10 +308,42 @@ def _searched(
     wall_s = time.monotonic() - started
     unused = _unused_gpus(tables, best.plan)
     document = _annotate(best, evaluation, status, wall_s, unused, baseline_rates,
-                         space_bound(searched, allowed), training=LOCAL_TRAINING_NOTE if local else None)
+                         waited.bound if waited.bound_known else space_bound(searched, allowed),
+                         training=LOCAL_TRAINING_NOTE if local else None)
     report(1.0, "done")
     return PlanResult(plan=document, evaluation=evaluation, status=status, wall_s=wall_s,
                       unused_gpus=unused, baselines=baseline_rates)
+
+
+@dataclass
+class _Waited:
+    """What the search did while its forked child still worked."""
+
+    judged: dict[int, Evaluation] = field(default_factory=dict)
+    """Candidate id -> its evaluation."""
+    bound_known: bool = False
+    bound: SpaceBound | None = None
+    """The upper bound on samples/s, where `bound_known`."""
+
+
+def _while_waiting(beside_ready: Aside[Beside], scenario: Scenario,
+                   allowed: tuple[Schedule, ...], candidates: list[Candidate]) -> _Waited:
+    """While the forked child works on, compute the bound and judge the search's best
+    `candidates`, in order: results the search would compute anyway once the child is
+    done (or, for a candidate, maybe not: it is then spent on a core's idle time), so the
+    plan is the same whoever finishes first."""
+    waited = _Waited()
+    if not beside_ready.forked:
+        return waited  # a thread would only take turns with this one
+    pending = iter(candidates)
+    while not beside_ready.done():
+        if not waited.bound_known:
+            waited.bound, waited.bound_known = space_bound(scenario, allowed), True
+        elif (candidate := next(pending, None)) is not None:
+            waited.judged[id(candidate)] = evaluate(scenario, candidate.plan)
+        else:
+            break
+    return waited
 
 
 def _local_reason(options: SearchOptions) -> str:
@@ -419,9 +454,19 @@ def _allocation_candidates(
     while cap < num_free:
         caps.append(cap)
         cap *= 2
-    runs = [(cap_value, subset) for cap_value in caps
-            for subset in _sync_filtered(templates, cap_value or num_free)
-            if cap_value is not None or len(subset) < len(templates)]  # not the free one again
+    # Runs of each sync threshold's rank form a chain, looser caps first: each starts from
+    # the allocation of the one before it where that fits (on the inputs measured, tight caps
+    # and sync subsets often end where a looser run did), the last rank from the free run's.
+    runs: list[tuple[int | None, list[PipelineTemplate], int | None]] = []
+    last_of_rank: dict[int, int | None] = {}
+    for cap_value in caps:
+        subsets = _sync_filtered(templates, cap_value or num_free)
+        for rank, subset in enumerate(subsets):
+            if cap_value is None and len(subset) == len(templates):
+                last_of_rank[len(subsets) - 1 - rank] = -1  # the free run itself
+                continue
+            runs.append((cap_value, subset, last_of_rank.get(len(subsets) - 1 - rank)))
+            last_of_rank[len(subsets) - 1 - rank] = len(runs) - 1
     # A ring that spans zones runs at the slowest inter-zone link: the allocation's linear
     # model does not see it, and leaving a zone idle can be faster. These runs only look for
     # such plans; they prove nothing the runs over every template do not.
@@ -429,21 +474,37 @@ def _allocation_candidates(
     # Of each confined set, its two tighter sync subsets: the whole set's run finds the
     # most compute, which is what confining gives up (on the inputs measured, leaving it
     # out lost no plan and a sixth of the allocation's time on six types).
-    runs += [(None, subset) for confined in _confined_subsets(tables, templates)
+    runs += [(None, subset, None) for confined in _confined_subsets(tables, templates)
              for subset in _sync_filtered(confined, num_free)[:2]]
+    futures: list[Future[Allocation | None]] = []
 
-    def solve(cap_value: int | None, subset: list[PipelineTemplate]) -> Allocation | None:
+    def solve(cap_value: int | None, subset: list[PipelineTemplate], after: int | None
+              ) -> Allocation | None:
         if time.monotonic() - started > budget:
             raise TimeoutError
         return allocate(tables, subset, max_pipelines=cap_value,
-                        time_limit_s=budget / (4 * len(caps)), num_workers=options.num_workers)
+                        time_limit_s=budget / (4 * len(caps)), num_workers=options.num_workers,
+                        seed=_seed(subset, *ended_before(after)))
 
-    # Runs are independent and CP-SAT releases the GIL while it solves: solve them side by
-    # side, and take their results in a fixed order, so the plan does not depend on timing.
+    def ended_before(after: int | None) -> tuple[list[PipelineTemplate], Allocation | None]:
+        """The templates and allocation of the run a chained run starts from."""
+        if after is None:
+            return [], None
+        if after < 0:
+            return templates, free
+        try:  # submitted before this one: running or done, never waiting behind it
+            return runs[after][1], futures[after].result()
+        except TimeoutError:
+            return [], None
+
+    # Chains are independent and CP-SAT releases the GIL while it solves: solve them side
+    # by side, and take their results in a fixed order, so the plan does not depend on timing.
     with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
-        futures = [pool.submit(solve, cap_value, subset) for cap_value, subset in runs]
+        for run in runs:
+            futures.append(pool.submit(solve, *run))
         try:
-            for done, ((cap_value, subset), future) in enumerate(zip(runs, futures, strict=True)):
+            for done, ((cap_value, subset, _), future) in enumerate(zip(runs, futures,
+                                                                        strict=True)):
                 # A progress callback may raise to cancel: report often enough for that.
                 report(0.3 + 0.4 * done / len(runs),
                        f"allocating with at most {cap_value or num_free} pipelines")
@@ -459,6 +520,17 @@ def _allocation_candidates(
             for future in futures:
                 future.cancel()
     return best_realized(tables, drafts, 2 * options.finalists), proven
+
+
+def _seed(subset: list[PipelineTemplate], before: list[PipelineTemplate],
+          found: Allocation | None) -> dict[int, int] | None:
+    """`found` (an allocation over `before`) as counts over `subset`, where every template
+    it uses is offered there."""
+    if found is None:
+        return None
+    index = {id(t): k for k, t in enumerate(subset)}
+    counts = {index.get(id(before[k]), -1): n for k, n in found.counts.items()}
+    return None if -1 in counts else counts
 
 
 MAX_ZONES_SUBSETS = 4
@@ -592,11 +664,14 @@ def _judge(
     admissible: Callable[[Plan], bool] | None,
     *,
     started: float,
+    known: dict[int, Evaluation] | None = None,
 ) -> tuple[Candidate | None, Evaluation | None, dict[str, float | None],
            list[tuple[Candidate, Evaluation]]]:
     """The best valid plan (its batch shares and split then refined), each baseline's rate,
-    and the runners-up, best first. `admissible` rules plans out beyond validity."""
-    known = {id(c): e for group in baselines.values() for c, e in group if e is not None}
+    and the runners-up, best first. `admissible` rules plans out beyond validity; `known`
+    holds candidates' evaluations computed before."""
+    known = dict(known or {})
+    known.update((id(c), e) for group in baselines.values() for c, e in group if e is not None)
     chosen = _finalists(candidates, families, options.finalists)
     finalists = _judge_group(scenario, chosen, len(chosen), known)
     valid: list[tuple[float, Candidate, Evaluation]] = []

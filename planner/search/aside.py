@@ -78,6 +78,13 @@ class Aside(Generic[T]):
         a thread of this one."""
         return self._thread is None
 
+    def done(self) -> bool:
+        """Whether `result()` would return without waiting."""
+        if self._future is not None:
+            return self._future.done()
+        assert self._reader is not None
+        return self._reader.poll()
+
     def result(self) -> T:
         if self._future is not None:
             return self._future.result()

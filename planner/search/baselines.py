@@ -13,12 +13,19 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 
-from planner.search.drafts import Candidate, Draft, best_realized, draft, identical_draft
+from planner.search.drafts import (
+    Candidate,
+    Draft,
+    Replicas,
+    best_realized,
+    contending_replicas,
+    draft,
+)
 from planner.search.per_type import class_options, per_type_choices
 from planner.search.tables import ResourceClass, ScenarioTables
-from planner.search.templates import PipelineTemplate, StageShape, TemplateContext, even_bounds
+from planner.search.templates import StageShape, TemplateContext, even_bounds
 
 __all__ = ["as_per_type", "launcher_baselines", "per_type_candidates"]
 
@@ -29,8 +36,8 @@ def launcher_baselines(tables: ScenarioTables) -> dict[str, list[Candidate]]:
     """Placed candidates of the `homogeneous` and `unaware` baselines, best first by the quick
     estimate."""
     ctx = TemplateContext(tables, tables.scenario.job.schedule)
-    return {"homogeneous": best_realized(tables, _homogeneous(ctx), KEEP),
-            "unaware": best_realized(tables, _unaware(ctx), KEEP)}
+    return {name: best_realized(tables, contending_replicas(tables, offers, KEEP), KEEP)
+            for name, offers in (("homogeneous", _homogeneous(ctx)), ("unaware", _unaware(ctx)))}
 
 
 def per_type_candidates(tables: ScenarioTables) -> list[Candidate]:
@@ -47,19 +54,12 @@ def as_per_type(homogeneous: Candidate) -> Candidate:
                                                        "per-type baseline (one type)"))
 
 
-def _identical(
-    tables: ScenarioTables, template: PipelineTemplate, counts: Iterable[int], origin: str
-) -> Iterator[Draft | None]:
-    for n in counts:
-        yield identical_draft(tables, template, n, origin)
-
-
 def _shapes(tables: ScenarioTables) -> Iterator[tuple[int, int]]:
     """(micro_batch, tp) points profiled for the model's kinds on some type."""
     yield from sorted({(b, tp) for (_, b, tp) in tables.points})
 
 
-def _homogeneous(ctx: TemplateContext) -> Iterator[Draft | None]:
+def _homogeneous(ctx: TemplateContext) -> Iterator[Replicas]:
     tables = ctx.tables
     by_type: dict[str, list[ResourceClass]] = {}
     for cls in tables.classes:
@@ -78,11 +78,10 @@ def _homogeneous(ctx: TemplateContext) -> Iterator[Draft | None]:
                                         num_pipelines=max(most, 1))
                 if template is None:
                     continue
-                yield from _identical(tables, template, range(most, 0, -1),
-                                      f"homogeneous baseline ({gpu_type})")
+                yield template, range(most, 0, -1), f"homogeneous baseline ({gpu_type})"
 
 
-def _unaware(ctx: TemplateContext) -> Iterator[Draft | None]:
+def _unaware(ctx: TemplateContext) -> Iterator[Replicas]:
     """Identical pipelines over every GPU: each takes the same share of every class."""
     tables = ctx.tables
     gpus = Counter({c.key: c.num_gpus for c in tables.classes})
@@ -105,7 +104,7 @@ def _unaware(ctx: TemplateContext) -> Iterator[Draft | None]:
                 template = ctx.fixed(shapes, b, even_bounds(tables.num_layers, depth),
                                      same_node_links=fits_node, num_pipelines=n)
                 if template is not None:
-                    yield from _identical(tables, template, [n], "unaware baseline")
+                    yield template, [n], "unaware baseline"
 
 
 def _type_orders(

@@ -8,6 +8,8 @@ full estimator. Each step is costlier and sees fewer plans.
 from __future__ import annotations
 
 import functools
+import heapq
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -18,7 +20,8 @@ from planner.search.tables import ScenarioTables
 from planner.search.templates import PipelineTemplate
 from planner.simulate import simulate_pipeline
 
-__all__ = ["Draft", "Candidate", "draft", "identical_draft", "realize", "best_realized"]
+__all__ = ["Draft", "Candidate", "Replicas", "draft", "identical_draft", "contending_replicas",
+           "realize", "best_realized"]
 
 SIMULATED_UP_TO = 64
 """Pipelines of at most this many operations (stages times micro-batches) are timed by the
@@ -79,13 +82,55 @@ def draft(tables: ScenarioTables, pipelines: Sequence[PipelineTemplate], origin:
 def identical_draft(
     tables: ScenarioTables, template: PipelineTemplate, num_pipelines: int, origin: str
 ) -> Draft | None:
+    m = _replica_micro_batches(tables, template, num_pipelines)
+    if m is None:
+        return None
+    return _draft(tables, [template] * num_pipelines, [m] * num_pipelines, origin)
+
+
+def _replica_micro_batches(
+    tables: ScenarioTables, template: PipelineTemplate, num_pipelines: int
+) -> int | None:
+    """Micro-batches of each of `num_pipelines` replicas sharing the batch evenly."""
     batch = tables.scenario.job.global_batch_size
     if batch % (num_pipelines * template.micro_batch):
         return None
     m = batch // (num_pipelines * template.micro_batch)
     if template.max_micro_batches is not None and m > template.max_micro_batches:
         return None
-    return _draft(tables, [template] * num_pipelines, [m] * num_pipelines, origin)
+    return m
+
+
+Replicas = tuple[PipelineTemplate, Iterable[int], str]
+"""A template, the replica counts to draft, most first, and the drafts' origin."""
+
+
+def contending_replicas(tables: ScenarioTables, offers: Iterable[Replicas], keep: int,
+                        slack: float = ROUGH_SLACK) -> list[Draft]:
+    """The identical-replica drafts of `offers` that `best_realized(..., keep, slack)` could
+    place, in the order offered: a draft whose pipeline time alone exceeds the `keep`-th
+    least rough time so far, or `slack` times the least, never is (sync only adds to it).
+    The baselines offer thousands of replica counts, and the pipeline time is cheap beside
+    the sync estimate. Fewer replicas only lengthen each pipeline: counts are offered most
+    first, and a template's first count out of contention ends its offer."""
+    kept: list[Draft] = []
+    ranked: list[float] = []  # negated rough times of the `keep` least so far (a max-heap)
+    least = math.inf
+    for template, counts, origin in offers:
+        for n in counts:
+            m = _replica_micro_batches(tables, template, n)
+            if m is None:
+                continue
+            bound = min(-ranked[0] if len(ranked) == keep else math.inf, least * slack)
+            if pipeline_s(tables, template, m) > bound:
+                break
+            found = _draft(tables, [template] * n, [m] * n, origin)
+            kept.append(found)
+            least = min(least, found.rough_s)
+            heapq.heappush(ranked, -found.rough_s)
+            if len(ranked) > keep:
+                heapq.heappop(ranked)
+    return kept
 
 
 def _draft(

@@ -210,6 +210,18 @@ class SuffixSweep:
             start = end
         return Partition(bounds=tuple(bounds), stage_s=tuple(stage_s))
 
+    def lightest_possible(self, split: Partition, num_stages: int) -> bool:
+        """Whether no split over `num_stages` stages of this sweep's tp has a heaviest stage
+        lighter than `split`'s, whatever its times or memory (the light DP's bound)."""
+        tp = self.specs[0].point.tp
+        if any(spec.point.tp != tp for spec in self.specs[:num_stages]):
+            return False
+        params = self.tables.params
+        bounds = split.bounds
+        heaviest = max(float(params[bounds[s + 1]] - params[bounds[s]])
+                       for s in range(num_stages))
+        return heaviest <= float(_least_heaviest(self.tables)[num_stages]) * (1 + 1e-12)
+
     def _band(self, spec: StageSpec, top: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """For the light split: per start below `top` and length up to the longest range that
         fits (and `top`), the range's end, its parameters per GPU, and whether it fits."""
@@ -432,6 +444,9 @@ def extract_light_together(
                 found[i][depth] = None
             elif depth == 1:
                 found[i][depth] = sweep.extract(1)
+            elif (least := sweep.extract(depth)) is not None and sweep.lightest_possible(
+                    least, depth):
+                found[i][depth] = least  # no split is lighter: the second DP would tie
             else:
                 rows.append((i, depth))
     if not rows:
@@ -647,6 +662,28 @@ def fixed_partition(
                                     * point.micro_batch / link.bytes_per_s)
         stage_s.append(seconds)
     return Partition(bounds=tuple(bounds), stage_s=tuple(stage_s))
+
+
+def _least_heaviest(tables: ScenarioTables) -> np.ndarray:
+    """Per stage count d, the least parameters the heaviest of d contiguous non-empty
+    stages can hold (cached per search): a DP over stages, one numpy pass each."""
+    key = ("least heaviest",)
+    found = tables.matrices.get(key)
+    if found is None:
+        num_layers = tables.num_layers
+        size = num_layers + 1
+        params = np.asarray(tables.params, dtype=float)
+        span = params[None, :] - params[:, None]  # [j, e): parameters of layers j..e-1
+        empty = np.tril(np.ones((size, size), dtype=bool))  # e <= j
+        span = np.where(empty, INF, span)
+        least = np.full(size + 1, INF)
+        rest = span[:, -1].copy()  # one stage over [j, L)
+        least[1] = rest[0]
+        for d in range(2, size):
+            rest = np.minimum.reduce(np.maximum(span, rest[None, :]), axis=1)
+            least[d] = rest[0]
+        found = tables.matrices[key] = least
+    return cast(np.ndarray, found)
 
 
 @functools.cache

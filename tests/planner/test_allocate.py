@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from planner import parse_scenario
+from planner.search import allocate as allocate_module
 from planner.search.allocate import Allocation, allocate, pareto, prune
 from planner.search.tables import ScenarioTables, compile_tables
 from planner.search.templates import PipelineTemplate, generate_templates
@@ -55,3 +58,41 @@ def test_a_capped_allocation_keeps_its_cap_in_its_runners_up() -> None:
     capped = allocate(tables, templates, max_pipelines=3, time_limit_s=10, runners_up=2)
     assert capped is not None
     assert all(0 < sum(counts.values()) <= 3 for counts in capped.visited)
+
+
+def knapsacks_counted(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls: list[int] = []
+    solve = allocate_module._knapsack
+
+    def counted(*args: object, **kwargs: object) -> object:
+        calls.append(1)
+        return solve(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(allocate_module, "_knapsack", counted)
+    return calls
+
+
+def test_a_seed_at_the_optimum_ends_there_with_a_knapsack_step_fewer(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    tables, templates = four_types()
+    calls = knapsacks_counted(monkeypatch)
+    alone = allocate(tables, templates, max_pipelines=None, time_limit_s=10)
+    unseeded_steps = len(calls)
+    calls.clear()
+    seeded = allocate(tables, templates, max_pipelines=None, time_limit_s=10,
+                      seed=dict(alone.counts) if alone else None)
+    assert alone is not None and seeded is not None and alone.proven and seeded.proven
+    assert seeded.pipeline_s == pytest.approx(alone.pipeline_s, rel=1e-12)
+    assert alone.counts in seeded.visited[1:2]  # started from it, after the greedy one
+    assert len(calls) == unseeded_steps - 1 == 1
+
+
+def test_a_seed_that_breaks_the_cap_is_not_taken() -> None:
+    tables, templates = four_types()
+    free = allocate(tables, templates, max_pipelines=None, time_limit_s=10)
+    assert free is not None and sum(free.counts.values()) > 3
+    capped = allocate(tables, templates, max_pipelines=3, time_limit_s=10)
+    seeded = allocate(tables, templates, max_pipelines=3, time_limit_s=10,
+                      seed=dict(free.counts))
+    assert capped is not None and seeded is not None
+    assert seeded == capped

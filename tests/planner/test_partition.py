@@ -294,3 +294,45 @@ def test_few_micro_batches_put_most_layers_on_the_fast_stage() -> None:
     found = sweep.extract_least_time(2, 1)
     assert found is not None and found.bounds == (0, 7, 8)
     assert sum(found.stage_s) == pytest.approx(0.0255 + 4 * 0.00071, rel=1e-9)
+
+
+@settings(max_examples=60, deadline=None)
+@given(params=st.lists(st.integers(min_value=1, max_value=50), min_size=1, max_size=9))
+def test_least_heaviest_stage_of_each_depth_equals_brute_force(params: list[int]) -> None:
+    doc = scenario_with([1.0] * len(params), 10.0)
+    for i, kind in enumerate(doc["model"]["kinds"].values()):
+        kind["params"] = params[i] * 1_000_000
+    tables = compile_tables(parse_scenario(doc))
+    least = partition._least_heaviest(tables)
+    prefix = tables.params
+    for depth in range(1, len(params) + 1):
+        brute = min(max(prefix[e] - prefix[s] for s, e in itertools.pairwise([0, *cuts, len(params)]))
+                    for cuts in itertools.combinations(range(1, len(params)), depth - 1))
+        assert least[depth] == brute
+
+
+@settings(max_examples=40, deadline=None)
+@given(times=st.lists(st.floats(min_value=0.1, max_value=9.0), min_size=3, max_size=8),
+       params=st.lists(st.sampled_from([1, 2, 10]), min_size=8, max_size=8),
+       memory_gib=st.sampled_from([2.6, 3.0, 10.0]))
+def test_light_splits_taken_without_the_second_dp_are_as_light_as_its_own(
+        times: list[float], params: list[int], memory_gib: float) -> None:
+    """Where the least-bottleneck split already reaches the least heaviest stage any split
+    can have, it is taken as the light one: as light as what the second DP finds."""
+    doc = scenario_with(times, memory_gib)
+    for i, kind in enumerate(doc["model"]["kinds"].values()):
+        kind["params"] = params[i] * 1_000_000
+    scenario = parse_scenario(doc)
+
+    def heaviest(tables: ScenarioTables, part: Partition | None) -> float | None:
+        return None if part is None else max(
+            tables.params[e] - tables.params[s] for s, e in itertools.pairwise(part.bounds))
+
+    found = {}
+    for skipping in (True, False):
+        tables, _, sweep = swept(scenario, len(times))
+        if not skipping:  # every depth through the second DP
+            sweep.lightest_possible = lambda *args: False  # type: ignore[method-assign]
+        found[skipping] = [heaviest(tables, sweep.extract_light(d))
+                           for d in range(2, len(times) + 1)]
+    assert found[True] == found[False]
