@@ -277,18 +277,24 @@ def _print_evaluation(evaluation: dict[str, Any]) -> None:
 
 
 def _pipeline_rows(pipelines: list[dict[str, Any]]) -> list[tuple[list[int], tuple[str, ...]]]:
-    """One row per run of consecutive pipelines that read the same (a 512-GPU plan's
-    replicas), with their indices."""
-    rows: list[tuple[list[int], tuple[str, ...]]] = []
+    """One row per run of consecutive pipelines of the same shape (a 512-GPU plan's
+    replicas), with their indices; replicas placed apart differ a little in time (their
+    transfers cross nodes at other stages), shown as the range."""
+    runs: list[tuple[list[int], tuple[str, ...], list[float]]] = []
     for p in pipelines:
         worst = max(p["stages"], key=lambda s: s["memory_gib"] / s["capacity_gib"])
         cells = (f"{p['micro_batch_size']} x {p['num_micro_batches']}",
-                 ", ".join(_stage_summary(s) for s in p["stages"]), f"{p['T_p']:.3f}",
+                 ", ".join(_stage_summary(s) for s in p["stages"]),
                  f"{worst['memory_gib']:.1f} / {worst['capacity_gib']:g}")
-        if rows and rows[-1][1] == cells and rows[-1][0][-1] == p["index"] - 1:
-            rows[-1][0].append(p["index"])
+        if runs and runs[-1][1] == cells and runs[-1][0][-1] == p["index"] - 1:
+            runs[-1][0].append(p["index"])
+            runs[-1][2].append(p["T_p"])
         else:
-            rows.append(([p["index"]], cells))
+            runs.append(([p["index"]], cells, [p["T_p"]]))
+    rows: list[tuple[list[int], tuple[str, ...]]] = []
+    for indices, (size, stages, memory), times in runs:
+        low, high = f"{min(times):.3f}", f"{max(times):.3f}"
+        rows.append((indices, (size, stages, low if low == high else f"{low}-{high}", memory)))
     return rows
 
 

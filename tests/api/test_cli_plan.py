@@ -168,3 +168,18 @@ def test_evaluate_summary_shows_identical_consecutive_pipelines_as_one_row(tmp_p
     result = runner.invoke(app, ["evaluate", str(SCENARIO), str(path)])
     assert "0-14" in result.output and "│ 15 " in result.output
     assert "[layers]" in result.output  # the header is not taken for markup
+
+
+def test_replicas_placed_apart_share_a_row_with_their_time_range() -> None:
+    from api.cli.plan_commands import _pipeline_rows
+
+    def pipeline(index: int, t_p: float, tp: int = 1) -> dict:
+        stage = {"gpu_type": "A100-80G", "tp": tp, "layers": [0, 4], "memory_gib": 20.0,
+                 "capacity_gib": 78.0}
+        return {"index": index, "micro_batch_size": 2, "num_micro_batches": 8, "T_p": t_p,
+                "stages": [stage]}
+
+    rows = _pipeline_rows([pipeline(0, 1.7004), pipeline(1, 1.6981), pipeline(2, 1.7),
+                           pipeline(3, 1.7, tp=2), pipeline(4, 1.7)])
+    assert [indices for indices, _ in rows] == [[0, 1, 2], [3], [4]]
+    assert [cells[2] for _, cells in rows] == ["1.698-1.700", "1.700", "1.700"]
