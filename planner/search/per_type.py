@@ -110,6 +110,7 @@ class _ClassArrays:
         self.copies = np.array([o.copies for o in group], dtype=float)
         self.min_pipelines = np.array([o.min_pipelines for o in group], dtype=float)
         self.micro_batch = np.array([x.micro_batch for x in t], dtype=float)
+        self.samples = self.copies * self.micro_batch  # per micro-batch slot of all copies
         self.fill = np.array([x.fill_s for x in t])
         self.bottleneck = np.array([x.bottleneck_s for x in t])
         self.cap = np.array([x.max_micro_batches or 10**9 for x in t], dtype=float)
@@ -125,19 +126,20 @@ class _ClassArrays:
         self.stage_layers = (bounds[:, 1:] - bounds[:, :-1]).astype(float)
         self.heaviest = self.stage_params.max(axis=1)
 
-    def covered_at(self, index: np.ndarray, target: np.ndarray) -> np.ndarray:
+    def covered_at(self, index: np.ndarray | int, target: np.ndarray) -> np.ndarray:
         """Samples option `index[j]` covers by `target[j]`, in whole micro-batches (the
-        arrays broadcast)."""
+        arrays broadcast; one option for every target where `index` is an int). Called tens
+        of thousands of times per search: plain minimum and maximum, not clip."""
         whole = np.floor((target - self.fill[index]) / self.bottleneck[index]) + 1
-        whole = np.clip(whole, 0, self.cap[index])
-        return self.copies[index] * self.micro_batch[index] * whole
+        whole = np.minimum(np.maximum(whole, 0), self.cap[index])
+        return self.samples[index] * whole
 
 
 def _covered(groups: Sequence[_ClassArrays], choice: Choice, target: np.ndarray) -> np.ndarray:
     total = np.zeros(len(target))
     for g, i in zip(groups, choice, strict=True):
         if i >= 0:
-            total += g.covered_at(np.full(len(target), i), target)
+            total += g.covered_at(i, target)
     return total
 
 
