@@ -456,15 +456,15 @@ def _allocation_candidates(
         cap *= 2
     # Runs of each sync threshold's rank form a chain, looser caps first: each starts from
     # the allocation of the one before it where that fits (on the inputs measured, tight caps
-    # and sync subsets often end where a looser run did), the last rank from the free run's.
+    # and sync subsets often end where a looser run did). The free run heads no chain: it
+    # uses more pipelines than any cap allows.
     runs: list[tuple[int | None, list[PipelineTemplate], int | None]] = []
-    last_of_rank: dict[int, int | None] = {}
+    last_of_rank: dict[int, int] = {}
     for cap_value in caps:
         subsets = _sync_filtered(templates, cap_value or num_free)
         for rank, subset in enumerate(subsets):
             if cap_value is None and len(subset) == len(templates):
-                last_of_rank[len(subsets) - 1 - rank] = -1  # the free run itself
-                continue
+                continue  # the free run, solved above
             runs.append((cap_value, subset, last_of_rank.get(len(subsets) - 1 - rank)))
             last_of_rank[len(subsets) - 1 - rank] = len(runs) - 1
     # A ring that spans zones runs at the slowest inter-zone link: the allocation's linear
@@ -490,8 +490,6 @@ def _allocation_candidates(
         """The templates and allocation of the run a chained run starts from."""
         if after is None:
             return [], None
-        if after < 0:
-            return templates, free
         try:  # submitted before this one: running or done, never waiting behind it
             return runs[after][1], futures[after].result()
         except TimeoutError:

@@ -109,8 +109,8 @@ class _ClassArrays:
         t = [o.template for o in group]
         self.copies = np.array([o.copies for o in group], dtype=float)
         self.min_pipelines = np.array([o.min_pipelines for o in group], dtype=float)
-        self.micro_batch = np.array([x.micro_batch for x in t], dtype=float)
-        self.samples = self.copies * self.micro_batch  # per micro-batch slot of all copies
+        # Samples per micro-batch slot of all copies.
+        self.samples = self.copies * np.array([x.micro_batch for x in t], dtype=float)
         self.fill = np.array([x.fill_s for x in t])
         self.bottleneck = np.array([x.bottleneck_s for x in t])
         self.cap = np.array([x.max_micro_batches or 10**9 for x in t], dtype=float)
