@@ -9,6 +9,7 @@ stderr and an exit code.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 from typing import Annotated, Any
@@ -89,4 +90,26 @@ for family in (plan_commands, service_commands, profile_commands, launch_command
 
 
 def main() -> None:
-    app()
+    """The console script: the app, then, for a command with nothing left to clean, the
+    process ended without Python's shutdown (its output flushed first)."""
+    from api.cli.output import may_exit_at_once
+
+    may_exit_at_once()  # a command run before in this process (tests) says nothing here
+    try:
+        app()
+    except SystemExit as end:
+        if not may_exit_at_once() or not isinstance(end.code, int | None):
+            raise
+        _exit_at_once(end.code or 0)
+
+
+def _exit_at_once(code: int) -> None:
+    import logging
+
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except OSError:  # a closed pipe: what Python's own shutdown would report
+        code = code or 120
+    logging.shutdown()
+    os._exit(code)

@@ -16,7 +16,8 @@ import typer
 if TYPE_CHECKING:
     from rich.console import Console
 
-__all__ = ["fail", "stderr_console", "load_document", "write_json", "USAGE_ERROR"]
+__all__ = ["fail", "stderr_console", "load_document", "write_json", "USAGE_ERROR",
+           "nothing_left_to_clean", "may_exit_at_once"]
 
 USAGE_ERROR = 2
 """Exit code of a bad argument or document (click's code for usage errors)."""
@@ -35,6 +36,25 @@ def fail(message: str, code: int = USAGE_ERROR) -> typer.Exit:
 
 
 _console: list[Console] = []
+_clean_state: list[bool] = []
+
+
+def nothing_left_to_clean() -> None:
+    """Say that the running command holds nothing that needs Python's own shutdown (no
+    child process, thread, server, database or open file of its own): the console script
+    may then end the process without it. After a search, that shutdown frees the heap of
+    templates and tables object by object: 0.15 s of a 1.6 s `hetplan plan` at 512 GPUs
+    (BENCHMARKS 8)."""
+    _clean_state.append(True)
+
+
+def may_exit_at_once() -> bool:
+    """Whether the command that ran said `nothing_left_to_clean` (the console script asks
+    once, after it; the answer is then forgotten)."""
+    said = bool(_clean_state)
+    _clean_state.clear()
+    return said
+
 
 
 def stderr_console() -> Console:

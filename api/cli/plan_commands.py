@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from api.cli.output import fail, load_document, stderr_console
+from api.cli.output import fail, load_document, nothing_left_to_clean, stderr_console
 
 __all__ = ["register", "load_document", "PlanSummary"]
 
@@ -92,6 +92,7 @@ def plan_command(
 
     The summary (pipelines, throughput, baselines, idle GPUs and why) goes to stderr and
     the plan to stdout or -o; with --json, a JSON summary goes to stdout instead."""
+    nothing_left_to_clean()  # the search reaps its child and threads before it returns
     if output is not None and not output.resolve().parent.is_dir():
         raise fail(f"cannot write {output}: its folder does not exist")  # before a long search
     document = load_document(scenario_path)
@@ -221,6 +222,7 @@ def evaluate_command(
     """Check a plan against a scenario and estimate it.
 
     Every broken rule is listed; the exit code is 1 when the plan is invalid."""
+    nothing_left_to_clean()
     from planner import PlannerError, evaluate, parse_plan, parse_scenario
 
     try:

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from typer.testing import CliRunner
 
+import api.cli as cli
 from api.cli import app
 
 DATA = Path(__file__).parent.parent / "data"
@@ -183,3 +187,54 @@ def test_replicas_placed_apart_share_a_row_with_their_time_range() -> None:
                            pipeline(3, 1.7, tp=2), pipeline(4, 1.7)])
     assert [indices for indices, _ in rows] == [[0, 1, 2], [3], [4]]
     assert [cells[2] for _, cells in rows] == ["1.698-1.700", "1.700", "1.700"]
+
+
+class _Exited(Exception):
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+
+def _run_console_script(monkeypatch: pytest.MonkeyPatch, *args: str) -> int | None:
+    """`main()` as the console script runs it, with `os._exit` caught: its code, or None
+    where the process would have gone through Python's own shutdown."""
+    def caught(code: int) -> None:
+        raise _Exited(code)
+
+    monkeypatch.setattr(cli.os, "_exit", caught)
+    monkeypatch.setattr(sys, "argv", ["hetplan", *args])
+    try:
+        cli.main()
+    except _Exited as exited:
+        return exited.code
+    except SystemExit:
+        return None
+    raise AssertionError("main() returned instead of exiting")
+
+
+def test_plan_and_evaluate_end_the_process_at_once_with_their_exit_codes(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    out = tmp_path / "plan.json"
+    assert _run_console_script(monkeypatch, "plan", str(SCENARIO), "-o", str(out),
+                               "--time-limit", "2") == 0
+    assert json.loads(out.read_text())["format"] == "hetplan-plan/1"  # written before the exit
+    assert _run_console_script(monkeypatch, "plan", str(tmp_path / "missing.json")) == 2
+    bad = json.loads(out.read_text())
+    bad["pipelines"][0]["num_micro_batches"] += 1
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    assert _run_console_script(monkeypatch, "evaluate", str(SCENARIO),
+                               str(tmp_path / "bad.json")) == 1
+    # A command that did not say it holds nothing to clean goes through Python's shutdown,
+    # whatever ran before it in this process.
+    assert _run_console_script(monkeypatch, "schema", "--help") is None
+
+
+def test_plan_output_arrives_whole_through_a_pipe(tmp_path: Path) -> None:
+    """The console script in its own process, stdout a pipe (block-buffered): the plan
+    document and the exit code survive the process ending without Python's shutdown."""
+    done = subprocess.run(
+        [sys.executable, "-c", "from api.cli import main; main()", "plan", str(SCENARIO),
+         "--time-limit", "2", "--json"], capture_output=True, text=True, timeout=120,
+        cwd=Path(__file__).parent.parent.parent)
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    assert answer["plan"]["format"] == "hetplan-plan/1" and answer["status"]
