@@ -1,11 +1,13 @@
 """Headroom: does a much wider search find faster plans than the default one?
 
 Each input is planned twice: with the defaults, and with the search's limits raised
-(four times the finalists, twice the refined plans and the judged candidates of each
-baseline and family, four times the grid drafts and their swept structures on every fleet
-size, a fourth tp option per class in the grids, twice the points per class for
-two-segment templates, deeper homogeneous templates kept for a 0.5% gain instead of 2%,
-twice the templates per knapsack, four times the polishing tries). Where the widened
+(`RAISED` below): 32 finalists instead of 8; 6 refined plans instead of 3; 8 judged
+candidates per baseline (4) and 4 per family (2); finalists judged up to 1.3 times the best
+quick estimate (1.1); 24 grid drafts (6) from 12 swept structures (3), with the full sweep
+budget of 2^20 cells on every fleet size; a fourth tp option per class in the grids; 4
+points per class for two-segment templates (2); homogeneous depths kept for a 0.5% gain
+(2%); 160 templates per knapsack (80); 12 drafts per baseline (6); polishing up to 128
+tries (64) with four times the evaluation budget, and no time guard. Where the widened
 search finds little, the default search is at the ceiling of its design rather than of
 its limits. Each input is planned with the defaults first; the limits are module
 constants, raised only while the widened search runs.
