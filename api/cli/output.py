@@ -56,7 +56,6 @@ def may_exit_at_once() -> bool:
     return said
 
 
-
 def stderr_console() -> Console:
     """A rich console on stderr, made (and rich imported) on first use."""
     if not _console:
