@@ -35,11 +35,12 @@ from perturbed import perturbed
 from plan_quality import SETS, geomean
 
 from planner import SearchOptions, parse_scenario, plan
-from planner.search import allocate, api, baselines, grids, polish, templates
+from planner.search import allocate, baselines, grids, judging, polish, templates
 
 RAISED: list[tuple[object, str, object]] = [
-    (api, "REFINED", 6), (api, "BASELINE_FINALISTS", 8), (api, "FAMILY_FINALISTS", 4),
-    (api, "QUICK_SLACK", 1.3), (api, "POLISH_SHARE", 5.0),
+    (judging, "REFINED", 6), (judging, "BASELINE_FINALISTS", 8),
+    (judging, "FAMILY_FINALISTS", 4), (judging, "QUICK_SLACK", 1.3),
+    (judging, "POLISH_SHARE", 5.0),
     (grids, "KEPT", 24), (grids, "SWEPT", 12), (grids, "SWEPT_CELLS", 1 << 20),
     (grids, "SWEPT_CELLS_FULL_UP_TO", 10**6), (grids, "TP_PER_CLASS", 4),
     (templates, "IMPROVEMENT", 0.995),

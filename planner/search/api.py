@@ -3,12 +3,13 @@
 The search runs in four steps: compile cost tables; build pipeline templates
 with exact layer splits; choose how many pipelines of each template to run
 (CP-SAT, under caps on the number of pipelines and on sync time, since the
-sync ring grows with data parallelism); then split the batch, place stages on
-concrete GPUs and judge every finalist with the reference estimator; small
-plans finally get their layer splits polished by it (`polish.py`). The three
-baselines are finalists too, so the result is never worse than them; so are
-grids (`grids.py`), identical pipelines through several GPU types, built beside
-the search after the per-type baseline.
+sync ring grows with data parallelism: `allocation_runs.py`); then split the
+batch, place stages on concrete GPUs and judge every finalist with the reference
+estimator, the best plan's layer splits then polished by it (`judging.py`). The
+three baselines are finalists too, so the result is never worse than them; so
+are grids (`grids.py`), identical pipelines through several GPU types, built
+beside the search after the per-type baseline. This module runs the steps in
+order, the per-type baseline in a forked child where that pays.
 """
 
 from __future__ import annotations
@@ -16,12 +17,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
-import itertools
 import math
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -29,13 +28,15 @@ from typing import Any
 from planner.documents import Plan, Scenario, Schedule
 from planner.errors import Infeasible
 from planner.estimate import Evaluation, estimate_section, evaluate
-from planner.search.allocate import RUNNERS_UP, Allocation, allocate, pareto, prune
+from planner.search.allocate import pareto, prune
+from planner.search.allocation_runs import allocation_candidates
 from planner.search.aside import Aside, usable_cores
 from planner.search.baselines import as_per_type, launcher_baselines, per_type_candidates
 from planner.search.diagnose import infeasibility_reason, no_plan_reason
-from planner.search.drafts import Candidate, Draft, best_realized, draft
+from planner.search.drafts import Candidate
 from planner.search.exact import TooLargeForExact, check_size, exact_optimum
 from planner.search.grids import grid_candidates
+from planner.search.judging import Judged, judge, judged, share_of_time_so_far
 from planner.search.launchers import (
     LAUNCHER_GRID_DRAFTS,
     best_for_launcher,
@@ -43,8 +44,6 @@ from planner.search.launchers import (
     launcher_candidates,
     runnable_by,
 )
-from planner.search.polish import polish_plan
-from planner.search.refine import rebalance
 from planner.search.schedules import (
     LOCAL_TRAINING_NOTE,
     allowed_schedules,
@@ -54,28 +53,17 @@ from planner.search.schedules import (
     within_block_cap,
 )
 from planner.search.tables import ScenarioTables, compile_tables
-from planner.search.templates import ClassKey, PipelineTemplate, generate_templates
+from planner.search.templates import generate_templates
 from planner.space_bound import SpaceBound, space_bound
 
 __all__ = ["PlanStatus", "SearchOptions", "PlanResult", "plan"]
 
 PLANNER_VERSION = "0.1.0"
-REFINED = 3  # best finalists whose batch shares are then set by exact simulation
-BASELINE_FINALISTS = 4  # placed candidates of each baseline judged by the estimator
-FAMILY_FINALISTS = 2
-"""Candidates of each family (allocation, identical replicas, grids) judged whatever the
-other families' quick estimates."""
 EXACT_SHARE = 0.8
 """Share of the time limit the default search gives exact enumeration on small scenarios."""
-QUICK_SLACK = 1.1
-"""Finalists whose quick estimate exceeds the best simulated time by more are not judged."""
 VARIANT_SHARE = 0.25
 """Share of the search's time so far that building and judging schedule variants may add."""
 VARIANT_MIN_S = 0.2
-POLISH_SHARE = 0.5
-"""Polishing the best plan's splits stops past this share of the search's time so far: a
-guard for slow machines; its tries are counted (polish.py)."""
-POLISH_MIN_S = 0.2
 
 ProgressCallback = Callable[[float, str], None]
 """Called with (fraction done in [0, 1], what the search is doing)."""
@@ -241,14 +229,15 @@ def _searched(
     # beyond the cores left only take turns with it (on 2 cores, one thread is 3-9% faster
     # at 512 GPUs, BENCHMARKS 3).
     threads = min(options.parallel_allocations, usable_cores() - beside_ready.forked)
-    allocated, proven = _allocation_candidates(tables, templates, options, started, report,
-                                               threads=threads)
+    allocated, proven = allocation_candidates(
+        tables, templates, time_limit_s=options.time_limit_s, num_workers=options.num_workers,
+        finalists=options.finalists, started=started, report=report, threads=threads)
     # Identical replicas of one template, at each count that splits the batch evenly:
     # what one-grid launchers run, and at times what the allocation's linear model misses.
     replicated = launcher_candidates(tables, templates)
     candidates = [*allocated, *replicated]
     report(0.7, "building baselines")
-    baselines = {name: _judged(searched, group)
+    baselines = {name: judged(searched, group)
                  for name, group in launcher_baselines(tables).items()}
     waited = _while_waiting(beside_ready, searched, allowed,
                             [] if local else sorted([*allocated, *replicated],
@@ -270,9 +259,9 @@ def _searched(
     report(0.8, f"judging {min(len(candidates), options.finalists)} finalists")
     admissible = None if max_blocks is None else (
         lambda plan_doc: within_block_cap(plan_doc, max_blocks))
-    best, evaluation, baseline_rates, runners_up = _judge(searched, candidates, families,
-                                                          baselines, options, admissible,
-                                                          started=started, known=waited.judged)
+    best, evaluation, baseline_rates, runners_up = judge(
+        searched, candidates, families, baselines, admissible, limit=options.finalists,
+        started=started, time_limit_s=options.time_limit_s, known=waited.judged)
     if options.launcher is not None:
         report(0.9, f"restricting to what {options.launcher} runs")
         candidates.extend(launcher_candidates(tables, templates, LAUNCHER_GRID_DRAFTS,
@@ -292,7 +281,8 @@ def _searched(
         # search took, so allowing schedules costs planning time in proportion.
         varied = schedule_variants(
             scenario, tables, bases, allowed, recompute=options.recompute,
-            deadline=_share_of_time_so_far(started, options, VARIANT_SHARE, VARIANT_MIN_S))
+            deadline=share_of_time_so_far(started, options.time_limit_s, VARIANT_SHARE,
+                                           VARIANT_MIN_S))
         # An interleaved job's plan must take a variant: the search planned it as 1F1B.
         must_change = _plan_schedule(best.plan, searched) not in allowed
         if varied is not None and options.launcher is not None and not runnable_by(
@@ -412,201 +402,6 @@ def _check_feasible(tables: ScenarioTables) -> None:
         raise Infeasible(reason)
 
 
-def _allocation_candidates(
-    tables: ScenarioTables,
-    templates: list[PipelineTemplate],
-    options: SearchOptions,
-    started: float,
-    report: ProgressCallback,
-    *,
-    threads: int,
-) -> tuple[list[Candidate], bool]:
-    drafts: list[Draft | None] = []
-    seen: set[tuple[tuple[int, int], ...]] = set()
-
-    def add_drafts(found: Allocation, subset: list[PipelineTemplate], cap: int | None) -> None:
-        for counts in found.visited:
-            key = tuple(sorted((id(subset[k]), n) for k, n in counts.items()))
-            if key in seen:  # caps and subsets often lead to the same allocation
-                continue
-            seen.add(key)
-            pipelines = [subset[k] for k, n in sorted(counts.items()) for _ in range(n)]
-            drafts.append(draft(tables, pipelines, f"CP-SAT allocation, cap {cap}"))
-
-    if not templates:
-        return [], False
-    budget = max(options.time_limit_s * 0.5, 0.05)
-    # The run over every template, without a cap, also gives its runners-up (on the
-    # inputs measured, those of the other runs found no plan the grids did not).
-    free = allocate(tables, templates, max_pipelines=None, time_limit_s=budget / 4,
-                    num_workers=options.num_workers, runners_up=RUNNERS_UP)
-    if free is None:
-        return [], False
-    add_drafts(free, templates, None)
-    proven = free.proven
-    num_free = sum(free.counts.values())
-    # Caps on the pipeline count trade data parallelism for shorter sync rings; caps far
-    # below the free optimum would leave most GPUs idle.
-    caps: list[int | None] = [None]
-    cap = 1
-    while cap * 8 < num_free:
-        cap *= 2
-    while cap < num_free:
-        caps.append(cap)
-        cap *= 2
-    # Runs of each sync threshold's rank form a chain, looser caps first: each starts from
-    # the allocation of the one before it where that fits (on the inputs measured, tight caps
-    # and sync subsets often end where a looser run did). The free run heads no chain: it
-    # uses more pipelines than any cap allows.
-    runs: list[tuple[int | None, list[PipelineTemplate], int | None]] = []
-    last_of_rank: dict[int, int] = {}
-    for cap_value in caps:
-        subsets = _sync_filtered(templates, cap_value or num_free)
-        for rank, subset in enumerate(subsets):
-            if cap_value is None and len(subset) == len(templates):
-                continue  # the free run, solved above
-            runs.append((cap_value, subset, last_of_rank.get(len(subsets) - 1 - rank)))
-            last_of_rank[len(subsets) - 1 - rank] = len(runs) - 1
-    # A ring that spans zones runs at the slowest inter-zone link: the allocation's linear
-    # model does not see it, and leaving a zone idle can be faster. These runs only look for
-    # such plans; they prove nothing the runs over every template do not.
-    proving = len(runs)
-    # Of each confined set, its two tighter sync subsets: the whole set's run finds the
-    # most compute, which is what confining gives up (on the inputs measured, leaving it
-    # out lost no plan and a sixth of the allocation's time on six types).
-    runs += [(None, subset, None) for confined in _confined_subsets(tables, templates)
-             for subset in _sync_filtered(confined, num_free)[:2]]
-    futures: list[Future[Allocation | None]] = []
-
-    def solve(cap_value: int | None, subset: list[PipelineTemplate], after: int | None
-              ) -> Allocation | None:
-        if time.monotonic() - started > budget:
-            raise TimeoutError
-        return allocate(tables, subset, max_pipelines=cap_value,
-                        time_limit_s=budget / (4 * len(caps)), num_workers=options.num_workers,
-                        seed=_seed(subset, *ended_before(after)))
-
-    def ended_before(after: int | None) -> tuple[list[PipelineTemplate], Allocation | None]:
-        """The templates and allocation of the run a chained run starts from."""
-        if after is None:
-            return [], None
-        try:  # submitted before this one: running or done, never waiting behind it
-            return runs[after][1], futures[after].result()
-        except TimeoutError:
-            return [], None
-
-    # Chains are independent and CP-SAT releases the GIL while it solves: solve them side
-    # by side, and take their results in a fixed order, so the plan does not depend on timing.
-    with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
-        for run in runs:
-            futures.append(pool.submit(solve, *run))
-        try:
-            for done, ((cap_value, subset, _), future) in enumerate(zip(runs, futures,
-                                                                        strict=True)):
-                # A progress callback may raise to cancel: report often enough for that.
-                report(0.3 + 0.4 * done / len(runs),
-                       f"allocating with at most {cap_value or num_free} pipelines")
-                try:
-                    found = future.result()
-                except TimeoutError:
-                    proven = proven and done >= proving
-                    continue
-                if found is not None:
-                    proven = proven and (found.proven or done >= proving)
-                    add_drafts(found, subset, cap_value)
-        finally:
-            for future in futures:
-                future.cancel()
-    return best_realized(tables, drafts, 2 * options.finalists), proven
-
-
-def _seed(subset: list[PipelineTemplate], before: list[PipelineTemplate],
-          found: Allocation | None) -> dict[int, int] | None:
-    """`found` (an allocation over `before`) as counts over `subset`, where every template
-    it uses is offered there."""
-    if found is None:
-        return None
-    index = {id(t): k for k, t in enumerate(subset)}
-    counts = {index.get(id(before[k]), -1): n for k, n in found.counts.items()}
-    return None if -1 in counts else counts
-
-
-MAX_ZONES_SUBSETS = 4
-"""Up to this many zones, every proper subset of them gets its own allocation runs."""
-
-
-def _confined_subsets(
-    tables: ScenarioTables, templates: list[PipelineTemplate]
-) -> list[list[PipelineTemplate]]:
-    """Templates confined to each proper subset of the zones (with more zones, to each zone
-    alone and to all but each one). A GPU type left idle is the grids' to find (all types
-    but each one, `grids.py`): runs confined to all types but each one found no other plan
-    on the inputs measured, for a fifth to a third of the allocation's time at 512 GPUs."""
-    zones = sorted({c.zone or "" for c in tables.classes})
-    picks: list[Callable[[ClassKey], bool]] = []
-    if len(zones) >= 2:
-        kept = ([set(c) for k in range(1, len(zones)) for c in itertools.combinations(zones, k)]
-                if len(zones) <= MAX_ZONES_SUBSETS
-                else [{z} for z in zones] + [set(zones) - {z} for z in zones])
-        picks += [functools.partial(_in_zones, allowed) for allowed in kept]
-    subsets = []
-    for allowed in picks:
-        subset = [t for t in templates if all(allowed(key) for key in t.gpus())]
-        if subset:
-            subsets.append(subset)
-    return subsets
-
-
-def _in_zones(zones: set[str], key: ClassKey) -> bool:
-    return (key[1] or "") in zones
-
-
-def _sync_filtered(
-    templates: list[PipelineTemplate], num_pipelines: int
-) -> list[list[PipelineTemplate]]:
-    """Template subsets whose sync time stays under a few thresholds."""
-    sync = [t.sync_s(num_pipelines) for t in templates]
-    syncs = sorted({round(x, 6) for x in sync})
-    if len(syncs) <= 1:
-        return [templates]
-    picks = sorted({syncs[int(q * (len(syncs) - 1))] for q in (0.3, 0.6, 1.0)})
-    subsets = []
-    for threshold in picks:
-        subset = [t for t, x in zip(templates, sync, strict=True) if x <= threshold + 1e-9]
-        if subset:
-            subsets.append(subset)
-    return subsets
-
-
-Judged = list[tuple[Candidate, Evaluation | None]]
-"""Candidates, best first by the quick estimate, with the estimator's verdict (None: not
-judged, quoted too far above the best one judged before it)."""
-
-
-def _judge_group(scenario: Scenario, group: list[Candidate], limit: int,
-                 known: dict[int, Evaluation] | None = None) -> Judged:
-    """Judge the `limit` candidates of least quick estimate, in that order."""
-    judged: Judged = []
-    best_s = math.inf
-    for candidate in sorted(group, key=lambda c: c.quick_s)[:limit]:
-        # The quick estimate is at most a few percent above the simulated time (it leaves
-        # out pipeline bubbles): a finalist quoted far above the best so far cannot win.
-        if candidate.quick_s > best_s * QUICK_SLACK:
-            judged.append((candidate, None))
-            continue
-        evaluation = (known or {}).get(id(candidate)) or evaluate(scenario, candidate.plan)
-        judged.append((candidate, evaluation))
-        if evaluation.valid and evaluation.iteration_s is not None:
-            best_s = min(best_s, evaluation.iteration_s)
-    return judged
-
-
-def _judged(scenario: Scenario, group: list[Candidate]) -> Judged:
-    """A baseline's placed candidates, its best few judged by the estimator."""
-    return (_judge_group(scenario, group, BASELINE_FINALISTS)
-            + [(c, None) for c in sorted(group, key=lambda c: c.quick_s)[BASELINE_FINALISTS:]])
-
-
 @dataclass(frozen=True)
 class Beside:
     """What runs beside the search: the per-type baseline, judged, and the grids. From a
@@ -619,7 +414,7 @@ class Beside:
 
 
 def _beside(scenario: Scenario, tables: ScenarioTables) -> Beside:
-    return Beside(per_type=_judged(scenario, per_type_candidates(tables)),
+    return Beside(per_type=judged(scenario, per_type_candidates(tables)),
                   grids=grid_candidates(tables))
 
 
@@ -628,90 +423,8 @@ FORK_FROM_GPUS = 128
 below, it takes less time than a fork and the pickling of its candidates."""
 
 
-def _share_of_time_so_far(started: float, options: SearchOptions, share: float,
-                          least_s: float) -> float:
-    """A deadline `share` of the search's time so far from now (at least `least_s`), never
-    past the time limit."""
-    now = time.monotonic()
-    return min(started + options.time_limit_s, now + max(least_s, share * (now - started)))
-
-
 def _worth_forking(tables: ScenarioTables) -> bool:
     return sum(c.num_gpus for c in tables.classes) >= FORK_FROM_GPUS
-
-
-def _finalists(candidates: list[Candidate], families: list[list[Candidate]], limit: int
-               ) -> list[Candidate]:
-    """The `limit` candidates of least quick estimate, and the best FAMILY_FINALISTS of each
-    family among them, least quick estimate first. The families' quick estimates err
-    differently (a grid placed stage-major is quoted with its stages' transfers inside a
-    node), and one family's optimistic quotes must not crowd out another's best."""
-    chosen = {id(c): c for c in sorted(candidates, key=lambda c: c.quick_s)[:limit]}
-    for family in families:
-        for candidate in sorted(family, key=lambda c: c.quick_s)[:FAMILY_FINALISTS]:
-            chosen.setdefault(id(candidate), candidate)
-    return sorted(chosen.values(), key=lambda c: c.quick_s)
-
-
-def _judge(
-    scenario: Scenario,
-    candidates: list[Candidate],
-    families: list[list[Candidate]],
-    baselines: dict[str, Judged],
-    options: SearchOptions,
-    admissible: Callable[[Plan], bool] | None,
-    *,
-    started: float,
-    known: dict[int, Evaluation] | None = None,
-) -> tuple[Candidate | None, Evaluation | None, dict[str, float | None],
-           list[tuple[Candidate, Evaluation]]]:
-    """The best valid plan (its batch shares and split then refined), each baseline's rate,
-    and the runners-up, best first. `admissible` rules plans out beyond validity; `known`
-    holds candidates' evaluations computed before."""
-    known = dict(known or {})
-    known.update((id(c), e) for group in baselines.values() for c, e in group if e is not None)
-    chosen = _finalists(candidates, families, options.finalists)
-    finalists = _judge_group(scenario, chosen, len(chosen), known)
-    valid: list[tuple[float, Candidate, Evaluation]] = []
-    seen: set[int] = set()
-    for candidate, evaluation in finalists + [j for group in baselines.values() for j in group]:
-        if evaluation is None or id(candidate) in seen:
-            continue
-        seen.add(id(candidate))
-        if evaluation.valid and evaluation.iteration_s is not None and (
-                admissible is None or admissible(candidate.plan)):
-            valid.append((evaluation.iteration_s, candidate, evaluation))
-    valid.sort(key=lambda v: v[0])
-    for _, candidate, evaluation in valid[:REFINED]:
-        balanced = rebalance(scenario, candidate.plan, evaluation)
-        if balanced is None:
-            continue
-        again = evaluate(scenario, balanced)
-        if again.valid and again.iteration_s is not None:
-            valid.append((again.iteration_s, Candidate.of(
-                balanced, quick_s=again.iteration_s,
-                origin=f"{candidate.origin}, exact batch shares"), again))
-    best: Candidate | None = None
-    best_eval: Evaluation | None = None
-    if valid:
-        _, best, best_eval = min(valid, key=lambda v: v[0])
-        # Each try evaluates the whole plan: never more than a share of the time so far.
-        polished = polish_plan(
-            scenario, best.plan, best_eval,
-            deadline=_share_of_time_so_far(started, options, POLISH_SHARE, POLISH_MIN_S))
-        if polished is not None:
-            best = Candidate.of(polished[0], quick_s=polished[1].iteration_s or best.quick_s,
-                                origin=f"{best.origin}, polished by simulation")
-            best_eval = polished[1]
-    # A baseline's rate counts its candidates judged among the finalists too.
-    known.update((id(c), e) for c, e in finalists if e is not None)
-    rates: dict[str, float | None] = {}
-    for name, group in baselines.items():
-        values = [e.samples_per_s for c, _ in group
-                  if (e := known.get(id(c))) is not None and e.valid and e.samples_per_s is not None]
-        rates[name] = max(values, default=None)
-    valid.sort(key=lambda v: v[0])
-    return best, best_eval, rates, [(c, e) for _, c, e in valid]
 
 
 def _unused_gpus(tables: ScenarioTables, plan_doc: Plan) -> dict[str, str]:

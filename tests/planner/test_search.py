@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from planner import Infeasible, SearchOptions, evaluate, parse_plan, parse_scenario, plan
 from planner.documents import dump_document
 from planner.search import api
-from planner.search.api import FAMILY_FINALISTS, _finalists
 from planner.search.aside import Aside
 from planner.search.drafts import Candidate
+from planner.search.judging import FAMILY_FINALISTS, finalists
 from planner.search.templates import even_bounds
 from tests.planner.scenarios import tiny
 
@@ -174,10 +174,10 @@ def test_each_family_of_candidates_has_its_best_judged_however_the_others_are_qu
 
     grids = [candidate(1.0 + i / 100, f"grid {i}") for i in range(10)]
     allocated = [candidate(2.0 + i / 100, f"allocation {i}") for i in range(3)]
-    chosen = _finalists([*allocated, *grids], [allocated, [], grids], limit=8)
+    chosen = finalists([*allocated, *grids], [allocated, [], grids], limit=8)
     assert [c.origin for c in chosen] == [f"grid {i}" for i in range(8)] + [
         f"allocation {i}" for i in range(FAMILY_FINALISTS)]
-    assert _finalists([*allocated, *grids], [], limit=8) == grids[:8]
+    assert finalists([*allocated, *grids], [], limit=8) == grids[:8]
 
 
 def test_what_the_parent_does_while_its_child_works_leaves_the_plan_as_it_was(

@@ -1,0 +1,190 @@
+"""The allocation's runs: CP-SAT over the templates without a cap on the pipeline count,
+then under caps (fewer pipelines, shorter sync rings) and over subsets of the templates
+whose sync stays under a few thresholds or inside some zones. Each allocation found, and
+those Dinkelbach's iteration visited on the way, becomes a placed draft (`drafts.py`)."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from planner.search.allocate import RUNNERS_UP, Allocation, allocate
+from planner.search.drafts import Candidate, Draft, best_realized, draft
+from planner.search.tables import ScenarioTables
+from planner.search.templates import ClassKey, PipelineTemplate
+
+__all__ = ["allocation_candidates"]
+
+
+def allocation_candidates(
+    tables: ScenarioTables,
+    templates: list[PipelineTemplate],
+    *,
+    time_limit_s: float,
+    num_workers: int,
+    finalists: int,
+    started: float,
+    report: Callable[[float, str], None],
+    threads: int,
+) -> tuple[list[Candidate], bool]:
+    """Placed drafts of the allocations found over `templates` (best `2 * finalists`), and
+    whether every run over all of them was proven within its own model. At most half the
+    time limit from `started` goes to these runs; `threads` chains are solved at once."""
+    drafts: list[Draft | None] = []
+    seen: set[tuple[tuple[int, int], ...]] = set()
+
+    def add_drafts(found: Allocation, subset: list[PipelineTemplate], cap: int | None) -> None:
+        for counts in found.visited:
+            key = tuple(sorted((id(subset[k]), n) for k, n in counts.items()))
+            if key in seen:  # caps and subsets often lead to the same allocation
+                continue
+            seen.add(key)
+            pipelines = [subset[k] for k, n in sorted(counts.items()) for _ in range(n)]
+            drafts.append(draft(tables, pipelines, f"CP-SAT allocation, cap {cap}"))
+
+    if not templates:
+        return [], False
+    budget = max(time_limit_s * 0.5, 0.05)
+    # The run over every template, without a cap, also gives its runners-up (on the
+    # inputs measured, those of the other runs found no plan the grids did not).
+    free = allocate(tables, templates, max_pipelines=None, time_limit_s=budget / 4,
+                    num_workers=num_workers, runners_up=RUNNERS_UP)
+    if free is None:
+        return [], False
+    add_drafts(free, templates, None)
+    proven = free.proven
+    num_free = sum(free.counts.values())
+    # Caps on the pipeline count trade data parallelism for shorter sync rings; caps far
+    # below the free optimum would leave most GPUs idle.
+    caps: list[int | None] = [None]
+    cap = 1
+    while cap * 8 < num_free:
+        cap *= 2
+    while cap < num_free:
+        caps.append(cap)
+        cap *= 2
+    # Runs of each sync threshold's rank form a chain, looser caps first: each starts from
+    # the allocation of the one before it where that fits (on the inputs measured, tight caps
+    # and sync subsets often end where a looser run did). The free run heads no chain: it
+    # uses more pipelines than any cap allows.
+    runs: list[tuple[int | None, list[PipelineTemplate], int | None]] = []
+    last_of_rank: dict[int, int] = {}
+    for cap_value in caps:
+        subsets = _sync_filtered(templates, cap_value or num_free)
+        for rank, subset in enumerate(subsets):
+            if cap_value is None and len(subset) == len(templates):
+                continue  # the free run, solved above
+            runs.append((cap_value, subset, last_of_rank.get(len(subsets) - 1 - rank)))
+            last_of_rank[len(subsets) - 1 - rank] = len(runs) - 1
+    # A ring that spans zones runs at the slowest inter-zone link: the allocation's linear
+    # model does not see it, and leaving a zone idle can be faster. These runs only look for
+    # such plans; they prove nothing the runs over every template do not.
+    proving = len(runs)
+    # Of each confined set, its two tighter sync subsets: the whole set's run finds the
+    # most compute, which is what confining gives up (on the inputs measured, leaving it
+    # out lost no plan and a sixth of the allocation's time on six types).
+    runs += [(None, subset, None) for confined in _confined_subsets(tables, templates)
+             for subset in _sync_filtered(confined, num_free)[:2]]
+    futures: list[Future[Allocation | None]] = []
+
+    def solve(cap_value: int | None, subset: list[PipelineTemplate], after: int | None
+              ) -> Allocation | None:
+        if time.monotonic() - started > budget:
+            raise TimeoutError
+        return allocate(tables, subset, max_pipelines=cap_value,
+                        time_limit_s=budget / (4 * len(caps)), num_workers=num_workers,
+                        seed=_seed(subset, *ended_before(after)))
+
+    def ended_before(after: int | None) -> tuple[list[PipelineTemplate], Allocation | None]:
+        """The templates and allocation of the run a chained run starts from."""
+        if after is None:
+            return [], None
+        try:  # submitted before this one: running or done, never waiting behind it
+            return runs[after][1], futures[after].result()
+        except TimeoutError:
+            return [], None
+
+    # Chains are independent and CP-SAT releases the GIL while it solves: solve them side
+    # by side, and take their results in a fixed order, so the plan does not depend on timing.
+    with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+        for run in runs:
+            futures.append(pool.submit(solve, *run))
+        try:
+            for done, ((cap_value, subset, _), future) in enumerate(zip(runs, futures,
+                                                                        strict=True)):
+                # A progress callback may raise to cancel: report often enough for that.
+                report(0.3 + 0.4 * done / len(runs),
+                       f"allocating with at most {cap_value or num_free} pipelines")
+                try:
+                    found = future.result()
+                except TimeoutError:
+                    proven = proven and done >= proving
+                    continue
+                if found is not None:
+                    proven = proven and (found.proven or done >= proving)
+                    add_drafts(found, subset, cap_value)
+        finally:
+            for future in futures:
+                future.cancel()
+    return best_realized(tables, drafts, 2 * finalists), proven
+
+
+def _seed(subset: list[PipelineTemplate], before: list[PipelineTemplate],
+          found: Allocation | None) -> dict[int, int] | None:
+    """`found` (an allocation over `before`) as counts over `subset`, where every template
+    it uses is offered there."""
+    if found is None:
+        return None
+    index = {id(t): k for k, t in enumerate(subset)}
+    counts = {index.get(id(before[k]), -1): n for k, n in found.counts.items()}
+    return None if -1 in counts else counts
+
+
+MAX_ZONES_SUBSETS = 4
+"""Up to this many zones, every proper subset of them gets its own allocation runs."""
+
+
+def _confined_subsets(
+    tables: ScenarioTables, templates: list[PipelineTemplate]
+) -> list[list[PipelineTemplate]]:
+    """Templates confined to each proper subset of the zones (with more zones, to each zone
+    alone and to all but each one). A GPU type left idle is the grids' to find (all types
+    but each one, `grids.py`): runs confined to all types but each one found no other plan
+    on the inputs measured, for a fifth to a third of the allocation's time at 512 GPUs."""
+    zones = sorted({c.zone or "" for c in tables.classes})
+    picks: list[Callable[[ClassKey], bool]] = []
+    if len(zones) >= 2:
+        kept = ([set(c) for k in range(1, len(zones)) for c in itertools.combinations(zones, k)]
+                if len(zones) <= MAX_ZONES_SUBSETS
+                else [{z} for z in zones] + [set(zones) - {z} for z in zones])
+        picks += [functools.partial(_in_zones, allowed) for allowed in kept]
+    subsets = []
+    for allowed in picks:
+        subset = [t for t in templates if all(allowed(key) for key in t.gpus())]
+        if subset:
+            subsets.append(subset)
+    return subsets
+
+
+def _in_zones(zones: set[str], key: ClassKey) -> bool:
+    return (key[1] or "") in zones
+
+
+def _sync_filtered(
+    templates: list[PipelineTemplate], num_pipelines: int
+) -> list[list[PipelineTemplate]]:
+    """Template subsets whose sync time stays under a few thresholds."""
+    sync = [t.sync_s(num_pipelines) for t in templates]
+    syncs = sorted({round(x, 6) for x in sync})
+    if len(syncs) <= 1:
+        return [templates]
+    picks = sorted({syncs[int(q * (len(syncs) - 1))] for q in (0.3, 0.6, 1.0)})
+    subsets = []
+    for threshold in picks:
+        subset = [t for t, x in zip(templates, sync, strict=True) if x <= threshold + 1e-9]
+        if subset:
+            subsets.append(subset)
+    return subsets

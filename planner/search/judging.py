@@ -1,0 +1,143 @@
+"""Judging candidates with the reference estimator: the finalists of least quick estimate
+(and each family's best), the best few with their batch shares set by exact simulation,
+the best of all polished by simulation (`refine.py`, `polish.py`)."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+
+from planner.documents import Plan, Scenario
+from planner.estimate import Evaluation, evaluate
+from planner.search.drafts import Candidate
+from planner.search.polish import polish_plan
+from planner.search.refine import rebalance
+
+__all__ = ["BASELINE_FINALISTS", "FAMILY_FINALISTS", "Judged", "finalists", "judge",
+           "judge_group", "judged", "share_of_time_so_far"]
+
+REFINED = 3  # best finalists whose batch shares are then set by exact simulation
+BASELINE_FINALISTS = 4  # placed candidates of each baseline judged by the estimator
+FAMILY_FINALISTS = 2
+"""Candidates of each family (allocation, identical replicas, grids) judged whatever the
+other families' quick estimates."""
+QUICK_SLACK = 1.1
+"""Finalists whose quick estimate exceeds the best simulated time by more are not judged."""
+POLISH_SHARE = 0.5
+"""Polishing the best plan's splits stops past this share of the search's time so far: a
+guard for slow machines; its tries are counted (polish.py)."""
+POLISH_MIN_S = 0.2
+
+
+Judged = list[tuple[Candidate, Evaluation | None]]
+"""Candidates, best first by the quick estimate, with the estimator's verdict (None: not
+judged, quoted too far above the best one judged before it)."""
+
+
+def judge_group(scenario: Scenario, group: list[Candidate], limit: int,
+                known: dict[int, Evaluation] | None = None) -> Judged:
+    """Judge the `limit` candidates of least quick estimate, in that order."""
+    verdicts: Judged = []
+    best_s = math.inf
+    for candidate in sorted(group, key=lambda c: c.quick_s)[:limit]:
+        # The quick estimate is at most a few percent above the simulated time (it leaves
+        # out pipeline bubbles): a finalist quoted far above the best so far cannot win.
+        if candidate.quick_s > best_s * QUICK_SLACK:
+            verdicts.append((candidate, None))
+            continue
+        evaluation = (known or {}).get(id(candidate)) or evaluate(scenario, candidate.plan)
+        verdicts.append((candidate, evaluation))
+        if evaluation.valid and evaluation.iteration_s is not None:
+            best_s = min(best_s, evaluation.iteration_s)
+    return verdicts
+
+
+def judged(scenario: Scenario, group: list[Candidate]) -> Judged:
+    """A baseline's placed candidates, its best few judged by the estimator."""
+    return (judge_group(scenario, group, BASELINE_FINALISTS)
+            + [(c, None) for c in sorted(group, key=lambda c: c.quick_s)[BASELINE_FINALISTS:]])
+
+
+def share_of_time_so_far(started: float, time_limit_s: float, share: float,
+                         least_s: float) -> float:
+    """A deadline `share` of the search's time so far from now (at least `least_s`), never
+    past the time limit."""
+    now = time.monotonic()
+    return min(started + time_limit_s, now + max(least_s, share * (now - started)))
+
+
+def finalists(candidates: list[Candidate], families: list[list[Candidate]], limit: int
+              ) -> list[Candidate]:
+    """The `limit` candidates of least quick estimate, and the best FAMILY_FINALISTS of each
+    family among them, least quick estimate first. The families' quick estimates err
+    differently (a grid placed stage-major is quoted with its stages' transfers inside a
+    node), and one family's optimistic quotes must not crowd out another's best."""
+    chosen = {id(c): c for c in sorted(candidates, key=lambda c: c.quick_s)[:limit]}
+    for family in families:
+        for candidate in sorted(family, key=lambda c: c.quick_s)[:FAMILY_FINALISTS]:
+            chosen.setdefault(id(candidate), candidate)
+    return sorted(chosen.values(), key=lambda c: c.quick_s)
+
+
+def judge(
+    scenario: Scenario,
+    candidates: list[Candidate],
+    families: list[list[Candidate]],
+    baselines: dict[str, Judged],
+    admissible: Callable[[Plan], bool] | None,
+    *,
+    limit: int,
+    started: float,
+    time_limit_s: float,
+    known: dict[int, Evaluation] | None = None,
+) -> tuple[Candidate | None, Evaluation | None, dict[str, float | None],
+           list[tuple[Candidate, Evaluation]]]:
+    """The best valid plan (its batch shares and split then refined), each baseline's rate,
+    and the runners-up, best first. `admissible` rules plans out beyond validity; `known`
+    holds candidates' evaluations computed before."""
+    known = dict(known or {})
+    known.update((id(c), e) for group in baselines.values() for c, e in group if e is not None)
+    chosen = finalists(candidates, families, limit)
+    judged_finalists = judge_group(scenario, chosen, len(chosen), known)
+    valid: list[tuple[float, Candidate, Evaluation]] = []
+    seen: set[int] = set()
+    baseline_verdicts = [j for group in baselines.values() for j in group]
+    for candidate, evaluation in judged_finalists + baseline_verdicts:
+        if evaluation is None or id(candidate) in seen:
+            continue
+        seen.add(id(candidate))
+        if evaluation.valid and evaluation.iteration_s is not None and (
+                admissible is None or admissible(candidate.plan)):
+            valid.append((evaluation.iteration_s, candidate, evaluation))
+    valid.sort(key=lambda v: v[0])
+    for _, candidate, evaluation in valid[:REFINED]:
+        balanced = rebalance(scenario, candidate.plan, evaluation)
+        if balanced is None:
+            continue
+        again = evaluate(scenario, balanced)
+        if again.valid and again.iteration_s is not None:
+            valid.append((again.iteration_s, Candidate.of(
+                balanced, quick_s=again.iteration_s,
+                origin=f"{candidate.origin}, exact batch shares"), again))
+    best: Candidate | None = None
+    best_eval: Evaluation | None = None
+    if valid:
+        _, best, best_eval = min(valid, key=lambda v: v[0])
+        # Each try evaluates the whole plan: never more than a share of the time so far.
+        polished = polish_plan(
+            scenario, best.plan, best_eval,
+            deadline=share_of_time_so_far(started, time_limit_s, POLISH_SHARE, POLISH_MIN_S))
+        if polished is not None:
+            best = Candidate.of(polished[0], quick_s=polished[1].iteration_s or best.quick_s,
+                                origin=f"{best.origin}, polished by simulation")
+            best_eval = polished[1]
+    # A baseline's rate counts its candidates judged among the finalists too.
+    known.update((id(c), e) for c, e in judged_finalists if e is not None)
+    rates: dict[str, float | None] = {}
+    for name, group in baselines.items():
+        values = [e.samples_per_s for c, _ in group
+                  if (e := known.get(id(c))) is not None and e.valid and e.samples_per_s is not None]
+        rates[name] = max(values, default=None)
+    valid.sort(key=lambda v: v[0])
+    return best, best_eval, rates, [(c, e) for _, c, e in valid]
