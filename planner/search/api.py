@@ -232,9 +232,10 @@ def _searched(
     allocated, proven = allocation_candidates(
         tables, templates, time_limit_s=options.time_limit_s, num_workers=options.num_workers,
         finalists=options.finalists, started=started, report=report, threads=threads)
-    # Identical replicas of one template, at each count that splits the batch evenly:
-    # what one-grid launchers run, and at times what the allocation's linear model misses.
-    replicated = launcher_candidates(tables, templates)
+    # Identical replicas of one template, at any count: what one-grid launchers run where
+    # the count splits the batch evenly, and at times what the allocation's linear model
+    # misses (it mixes templates more finely than their copies need).
+    replicated = launcher_candidates(tables, templates, even=False)
     candidates = [*allocated, *replicated]
     report(0.7, "building baselines")
     baselines = {name: judged(searched, group)

@@ -5,17 +5,28 @@ replicas (one depth, tp, split and micro-batch size, the same share each).
 The search's own plans are often not of that form, so beside its candidates
 and the baselines this step offers identical replicas of every template, at
 every count that divides the batch evenly, and keeps only what the launcher's
-export accepts (`planner.export.expressible`), judged by the estimator.
+export accepts (`planner.export.expressible`), judged by the estimator. Every
+search offers identical replicas too, at any count (shares of the batch differing
+by one micro-batch where the count does not divide it), as what the allocation's
+linear model may miss.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Iterator, Sequence
 
 from planner.documents import Plan, Scenario
 from planner.errors import Infeasible
 from planner.estimate import Evaluation, evaluate
-from planner.search.drafts import ROUGH_SLACK, Candidate, Draft, best_realized, identical_draft
+from planner.search.drafts import (
+    ROUGH_SLACK,
+    Candidate,
+    Draft,
+    best_realized,
+    draft,
+    identical_draft,
+)
 from planner.search.tables import ScenarioTables
 from planner.search.templates import PipelineTemplate
 
@@ -35,33 +46,52 @@ def check_launcher(launcher: str) -> None:
 
 
 def launcher_candidates(tables: ScenarioTables, templates: Sequence[PipelineTemplate],
-                        keep: int = GRID_DRAFTS, *, slack: float = ROUGH_SLACK
-                        ) -> list[Candidate]:
+                        keep: int = GRID_DRAFTS, *, slack: float = ROUGH_SLACK,
+                        even: bool = True) -> list[Candidate]:
     """Identical replicas of each template, placed, best first by the quick estimate; those
     quoted more than `slack` times the best are not placed (for a named launcher every grid
-    counts, however far behind the best plan it is: `math.inf`)."""
-    return best_realized(tables, _grid_drafts(tables, templates, keep), keep, slack)
+    counts, however far behind the best plan it is: `math.inf`). With `even` False, counts
+    that do not divide the batch are offered too, their shares water-filled."""
+    return best_realized(tables, _grid_drafts(tables, templates, keep, even), keep, slack)
 
 
-def _grid_drafts(tables: ScenarioTables, templates: Sequence[PipelineTemplate], keep: int
-                 ) -> Iterator[Draft | None]:
-    """Drafts of the replica sets of least rough time (pipeline time plus the template's
-    own sync estimate), ranked before any draft is built."""
+def _grid_drafts(tables: ScenarioTables, templates: Sequence[PipelineTemplate], keep: int,
+                 even: bool) -> Iterator[Draft | None]:
+    """Drafts of the `keep` replica sets of least rough time (the time of the pipelines with
+    the most micro-batches plus the template's own sync estimate; ties in the order offered),
+    ranked before any draft is built. Fewer replicas only lengthen each pipeline, so a
+    template's counts are taken most first, and the first whose pipeline time alone is out
+    of the running ends them: at thousands of GPUs a template has hundreds of counts."""
     batch = tables.scenario.job.global_batch_size
     sizes = {c.key: c.num_gpus for c in tables.classes}
-    ranked = []
+    kept: list[tuple[float, int, int, PipelineTemplate, bool]] = []  # a max-heap, negated
+    offered = 0
     for template in templates:
         most = min(sizes[key] // used for key, used in template.gpus().items())
         per_pipeline = batch // template.micro_batch
         if batch % template.micro_batch:
             continue
         for count in range(min(most, per_pipeline), 0, -1):
-            m = per_pipeline // count
-            if per_pipeline % count == 0 and (template.max_micro_batches or m) >= m:
-                ranked.append((template.time_s(m) + template.sync_s(count), count, template))
-    ranked.sort(key=lambda r: r[0])
-    for _, count, template in ranked[:keep]:
-        yield identical_draft(tables, template, count, "identical pipelines")
+            divides = per_pipeline % count == 0
+            if even and not divides:
+                continue
+            m = -(-per_pipeline // count)
+            if template.max_micro_batches is not None and m > template.max_micro_batches:
+                continue
+            pipeline_s = template.time_s(m)
+            if len(kept) == keep and pipeline_s >= -kept[0][0]:
+                break
+            rough = pipeline_s + template.sync_s(count)
+            offered += 1
+            entry = (-rough, -offered, count, template, divides)
+            if len(kept) < keep:
+                heapq.heappush(kept, entry)
+            elif entry > kept[0]:
+                heapq.heapreplace(kept, entry)
+    for _, _, count, template, divides in sorted(kept, reverse=True):
+        yield (identical_draft(tables, template, count, "identical pipelines") if divides
+               else draft(tables, [template] * count,
+                          "identical pipelines, shares differing by one micro-batch"))
 
 
 def _refusals(scenario: Scenario, launcher: str) -> Callable[[Plan], str | None]:
