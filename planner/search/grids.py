@@ -8,7 +8,10 @@ has this shape with an even split, and the two-segment templates have two classe
 tails of a few sizes; here every class of a subset is in each replica: all classes and,
 with three or more, all but one (a slow type left idle). Each class runs at one of the two
 tp its fastest homogeneous pipelines use at the micro-batch size (by compute where it has
-none), for every replica count that splits every class and the batch evenly.
+none), for every replica count that splits every class evenly and leaves each replica a
+micro-batch (the shares of the batch differing by one micro-batch where the count does not
+divide it: counts dividing the batch alone were few on large fleets, none at 4,080 GPUs of
+the benchmark inputs).
 
 Those structures are many (subsets x micro-batch sizes x tp per class x counts, then
 orders of the classes), and each needs a layer DP: each is first estimated in closed form
@@ -30,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.costs import state_bytes_per_param
-from planner.search.drafts import Candidate, best_realized, identical_draft
+from planner.search.drafts import Candidate, Draft, best_realized, draft, identical_draft
 from planner.search.partition import SuffixSweep
 from planner.search.per_type import SHARDED_OVER
 from planner.search.tables import ResourceClass, ScenarioTables
@@ -108,10 +111,18 @@ def grid_candidates(tables: ScenarioTables) -> list[Candidate]:
     cells = SWEPT_CELLS if gpus <= SWEPT_CELLS_FULL_UP_TO else SWEPT_CELLS_LARGE_FLEET
     swept = [found for subset in _subsets(tables)
              for found in _swept_within(ctx, _least(ctx, subset, best_tp, per_param), cells)]
-    drafts = (identical_draft(tables, template, grid.replicas, "identical pipelines through "
-                              + ", ".join(dict.fromkeys(s.gpu_type for s in template.stages)))
-              for grid, template in swept)
+    batch = tables.scenario.job.global_batch_size
+    drafts = (_replicas_draft(tables, template, grid.replicas, batch) for grid, template in swept)
     return best_realized(tables, drafts, KEPT)
+
+
+def _replicas_draft(tables: ScenarioTables, template: PipelineTemplate, replicas: int,
+                    batch: int) -> Draft | None:
+    origin = "identical pipelines through " + ", ".join(
+        dict.fromkeys(s.gpu_type for s in template.stages))
+    if batch % (replicas * template.micro_batch) == 0:
+        return identical_draft(tables, template, replicas, origin)
+    return draft(tables, [template] * replicas, origin + ", shares differing by one micro-batch")
 
 
 def _best_tp(tables: ScenarioTables, templates: Sequence[PipelineTemplate]
@@ -172,8 +183,9 @@ def _least(ctx: TemplateContext, subset: tuple[ResourceClass, ...],
            best_tp: dict[tuple[ClassKey, int], list[int]], per_param: np.ndarray
            ) -> Iterator[_Grid]:
     """The grids of `subset`, least estimated iteration first: every micro-batch size, tp
-    per class among its best, and replica count n that splits every class's stages and the
-    batch evenly, at most one stage per layer.
+    per class among its best, and replica count n that splits every class's stages evenly
+    and leaves each replica a micro-batch (timed at the most micro-batches a replica gets),
+    at most one stage per layer.
 
     The estimate balances the stages by speed (each takes the same time t, so a class's
     stages hold t / (its whole-model time) of the model each) for the fill, and times
@@ -207,10 +219,10 @@ def _least(ctx: TemplateContext, subset: tuple[ResourceClass, ...],
             [float(tables.points[(c.gpu_type, b, tp)].compute_s[-1]) for tp in tp_options]
             for c, tp_options in zip(subset, options, strict=True)])))
         n = np.arange(1, int(slots.min(axis=1).max()) + 1)  # (counts,)
-        # Counts that split every class's stages and the batch evenly, per choice: each
-        # class's options tested once, then gathered over the choices.
+        # Counts that split every class's stages evenly and leave each replica a
+        # micro-batch, per choice: each class's options tested once, then gathered.
         which = np.array(list(itertools.product(*[range(len(o)) for o in options])))
-        valid = np.broadcast_to(batch % (n * b) == 0, (len(tps), len(n)))
+        valid = np.broadcast_to(n * b <= batch, (len(tps), len(n)))
         for c, divisible in enumerate(slot_options):
             valid = valid & (divisible[:, None] % n[None, :] == 0)[which[:, c]]
         choice, count = np.nonzero(valid)  # row-major: ties keep this order below
@@ -224,7 +236,7 @@ def _least(ctx: TemplateContext, subset: tuple[ResourceClass, ...],
         stage_s = 1.0 / (stages / their_whole).sum(axis=1)
         transfer_s = 0.0 if not ctx.blocking else min(
             link.latency_s + moved * b / link.bytes_per_s for link in inside + across)
-        steady = batch // (counts * b) - 1  # micro-batches after the first
+        steady = -(-batch // (counts * b)) - 1  # micro-batches after the first, the most
         pipeline_s = (steady + depth) * (stage_s + 4 * transfer_s)
         params = float(tables.params[-1]) * stage_s[:, None] / their_whole / their_tps
         fits = (params * per_param[counts - 1][:, None] <= capacity).all(axis=1)
@@ -323,7 +335,7 @@ def _class_orders(tables: ScenarioTables, grid: _Grid
 def _swept(ctx: TemplateContext, grid: _Grid) -> Iterator[PipelineTemplate]:
     """The grid's pipelines in each order of its classes, with their least-bottleneck splits
     and, where faster, their splits of least time for the grid's micro-batches."""
-    micro_batches = ctx.scenario.job.global_batch_size // (grid.replicas * grid.micro_batch)
+    micro_batches = -(-ctx.scenario.job.global_batch_size // (grid.replicas * grid.micro_batch))
     for order in _class_orders(ctx.tables, grid):
         stages = [StageShape(resource=c.key, tp=tp) for c, tp, s in order for _ in range(s)]
         yield from _split(ctx, stages, grid.micro_batch, grid.replicas, micro_batches)
