@@ -68,14 +68,14 @@ def _grid_drafts(tables: ScenarioTables, templates: Sequence[PipelineTemplate], 
     offered = 0
     for template in templates:
         most = min(sizes[key] // used for key, used in template.gpus().items())
-        per_pipeline = batch // template.micro_batch
+        micro_batches = batch // template.micro_batch  # over all the replicas
         if batch % template.micro_batch:
             continue
-        for count in range(min(most, per_pipeline), 0, -1):
-            divides = per_pipeline % count == 0
+        for count in range(min(most, micro_batches), 0, -1):
+            divides = micro_batches % count == 0
             if even and not divides:
                 continue
-            m = -(-per_pipeline // count)
+            m = -(-micro_batches // count)
             if template.max_micro_batches is not None and m > template.max_micro_batches:
                 continue
             pipeline_s = template.time_s(m)
