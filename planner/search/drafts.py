@@ -20,8 +20,8 @@ from planner.search.tables import ScenarioTables
 from planner.search.templates import PipelineTemplate
 from planner.simulate import simulate_pipeline
 
-__all__ = ["Draft", "Candidate", "Replicas", "draft", "identical_draft", "contending_replicas",
-           "realize", "best_realized"]
+__all__ = ["Draft", "Candidate", "Replicas", "draft", "identical_draft", "replicas_draft",
+           "contending_replicas", "realize", "best_realized"]
 
 SIMULATED_UP_TO = 64
 """Pipelines of at most this many operations (stages times micro-batches) are timed by the
@@ -86,6 +86,17 @@ def identical_draft(
     if m is None:
         return None
     return _draft(tables, [template] * num_pipelines, [m] * num_pipelines, origin)
+
+
+def replicas_draft(
+    tables: ScenarioTables, template: PipelineTemplate, num_pipelines: int, origin: str
+) -> Draft | None:
+    """`num_pipelines` replicas of `template`: an equal share each where their count divides
+    the batch, else shares differing by one micro-batch (water-filled), as the origin says."""
+    if tables.scenario.job.global_batch_size % (num_pipelines * template.micro_batch) == 0:
+        return identical_draft(tables, template, num_pipelines, origin)
+    return draft(tables, [template] * num_pipelines,
+                 f"{origin}, shares differing by one micro-batch")
 
 
 def _replica_micro_batches(

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.costs import state_bytes_per_param
-from planner.search.drafts import Candidate, Draft, best_realized, draft, identical_draft
+from planner.search.drafts import Candidate, best_realized, replicas_draft
 from planner.search.partition import SuffixSweep
 from planner.search.per_type import SHARDED_OVER
 from planner.search.tables import ResourceClass, ScenarioTables
@@ -111,18 +111,10 @@ def grid_candidates(tables: ScenarioTables) -> list[Candidate]:
     cells = SWEPT_CELLS if gpus <= SWEPT_CELLS_FULL_UP_TO else SWEPT_CELLS_LARGE_FLEET
     swept = [found for subset in _subsets(tables)
              for found in _swept_within(ctx, _least(ctx, subset, best_tp, per_param), cells)]
-    batch = tables.scenario.job.global_batch_size
-    drafts = (_replicas_draft(tables, template, grid.replicas, batch) for grid, template in swept)
+    drafts = (replicas_draft(tables, template, grid.replicas, "identical pipelines through "
+                             + ", ".join(dict.fromkeys(s.gpu_type for s in template.stages)))
+              for grid, template in swept)
     return best_realized(tables, drafts, KEPT)
-
-
-def _replicas_draft(tables: ScenarioTables, template: PipelineTemplate, replicas: int,
-                    batch: int) -> Draft | None:
-    origin = "identical pipelines through " + ", ".join(
-        dict.fromkeys(s.gpu_type for s in template.stages))
-    if batch % (replicas * template.micro_batch) == 0:
-        return identical_draft(tables, template, replicas, origin)
-    return draft(tables, [template] * replicas, origin + ", shares differing by one micro-batch")
 
 
 def _best_tp(tables: ScenarioTables, templates: Sequence[PipelineTemplate]

@@ -19,14 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from planner.documents import Plan, Scenario
 from planner.errors import Infeasible
 from planner.estimate import Evaluation, evaluate
-from planner.search.drafts import (
-    ROUGH_SLACK,
-    Candidate,
-    Draft,
-    best_realized,
-    draft,
-    identical_draft,
-)
+from planner.search.drafts import ROUGH_SLACK, Candidate, Draft, best_realized, replicas_draft
 from planner.search.tables import ScenarioTables
 from planner.search.templates import PipelineTemplate
 
@@ -64,7 +57,7 @@ def _grid_drafts(tables: ScenarioTables, templates: Sequence[PipelineTemplate], 
     of the running ends them: at thousands of GPUs a template has hundreds of counts."""
     batch = tables.scenario.job.global_batch_size
     sizes = {c.key: c.num_gpus for c in tables.classes}
-    kept: list[tuple[float, int, int, PipelineTemplate, bool]] = []  # a max-heap, negated
+    kept: list[tuple[float, int, int, PipelineTemplate]] = []  # a max-heap, negated
     offered = 0
     for template in templates:
         most = min(sizes[key] // used for key, used in template.gpus().items())
@@ -72,8 +65,7 @@ def _grid_drafts(tables: ScenarioTables, templates: Sequence[PipelineTemplate], 
         if batch % template.micro_batch:
             continue
         for count in range(min(most, micro_batches), 0, -1):
-            divides = micro_batches % count == 0
-            if even and not divides:
+            if even and micro_batches % count:
                 continue
             m = -(-micro_batches // count)
             if template.max_micro_batches is not None and m > template.max_micro_batches:
@@ -83,15 +75,13 @@ def _grid_drafts(tables: ScenarioTables, templates: Sequence[PipelineTemplate], 
                 break
             rough = pipeline_s + template.sync_s(count)
             offered += 1
-            entry = (-rough, -offered, count, template, divides)
+            entry = (-rough, -offered, count, template)
             if len(kept) < keep:
                 heapq.heappush(kept, entry)
             elif entry > kept[0]:
                 heapq.heapreplace(kept, entry)
-    for _, _, count, template, divides in sorted(kept, reverse=True):
-        yield (identical_draft(tables, template, count, "identical pipelines") if divides
-               else draft(tables, [template] * count,
-                          "identical pipelines, shares differing by one micro-batch"))
+    for _, _, count, template in sorted(kept, reverse=True):
+        yield replicas_draft(tables, template, count, "identical pipelines")
 
 
 def _refusals(scenario: Scenario, launcher: str) -> Callable[[Plan], str | None]:

@@ -208,7 +208,7 @@ def test_grids_are_ranked_by_the_stages_whole_layers_can_balance() -> None:
     assert (ranked[0].replicas, ranked[0].stages) == (4, (3, 1))
 
     def swept_s(grid: grids._Grid) -> float:
-        found = [drafts.identical_draft(tables, t, grid.replicas, "grid")
+        found = [drafts.replicas_draft(tables, t, grid.replicas, "grid")
                  for t in grids._swept(ctx, grid)]
         return min(d.rough_s for d in found if d is not None)
 

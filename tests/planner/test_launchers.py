@@ -55,18 +55,12 @@ def _drafted(monkeypatch: pytest.MonkeyPatch, tables: ScenarioTables,
              templates: list[PipelineTemplate], keep: int, even: bool) -> list[tuple[int, int]]:
     offered: list[tuple[int, int]] = []
 
-    def identical(tables: ScenarioTables, template: PipelineTemplate, count: int,
-                  origin: str) -> Draft | None:
+    def replicas(tables: ScenarioTables, template: PipelineTemplate, count: int,
+                 origin: str) -> Draft | None:
         offered.append((count, id(template)))
         return None
 
-    def uneven(tables: ScenarioTables, pipelines: list[PipelineTemplate],
-               origin: str) -> Draft | None:
-        offered.append((len(pipelines), id(pipelines[0])))
-        return None
-
-    monkeypatch.setattr(launchers, "identical_draft", identical)
-    monkeypatch.setattr(launchers, "draft", uneven)
+    monkeypatch.setattr(launchers, "replicas_draft", replicas)
     list(launchers._grid_drafts(tables, templates, keep, even))
     return offered
 
