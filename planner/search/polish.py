@@ -12,10 +12,12 @@ them, one stage less to fill). So each pipeline shape (all replicas of it at
 once) tries its micro-batch size doubled or halved (the pipeline's samples
 unchanged) and each boundary between two stages moved by one layer, those that
 relieve the heaviest stages first; then merges of neighbouring stages. A move
-is kept when the reference estimator finds the plan faster. Each try is a full
-evaluation, whose cost grows with the plan's stages and with the micro-batches of
-the shape a move changes: larger plans get fewer tries, and plans past MAX_GPUS
-none.
+is kept when the reference estimator finds the plan faster, with the batch shares it had
+or, where it made some pipeline faster but not the plan, with least-time shares (one more
+try: the others must give up samples before a faster shape shortens the iteration). Each
+try is a full evaluation, whose cost grows with the plan's stages and with the
+micro-batches of the shape a move changes: larger plans get fewer tries, and plans past
+MAX_GPUS none.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from collections.abc import Callable, Iterator
 from planner.costs import NodeIndex
 from planner.documents import Pipeline, Plan, Scenario, Schedule, Stage
 from planner.estimate import Evaluation, evaluate
+from planner.search.refine import rebalance
 
 __all__ = ["polish_plan", "tries_per_phase"]
 
@@ -105,10 +108,28 @@ def _climb(scenario: Scenario, best: Plan, best_eval: Evaluation,
                 break
             tries += 1
             trial = evaluate(scenario, moved)
-            if trial.valid and trial.iteration_s is not None and trial.iteration_s < to_beat:
+            if not _faster(trial, to_beat) and tries < most and _sped_up(trial, best_eval):
+                # Shares balance the pipelines' times: a move that speeds one shape up
+                # shortens the iteration only once the others take fewer samples.
+                balanced = rebalance(scenario, moved, trial)
+                if balanced is not None:
+                    tries += 1
+                    moved, trial = balanced, evaluate(scenario, balanced)
+            if _faster(trial, to_beat):
                 best, best_eval, improved = moved, trial, True
                 break
     return best, best_eval
+
+
+def _faster(trial: Evaluation, to_beat: float) -> bool:
+    return trial.valid and trial.iteration_s is not None and trial.iteration_s < to_beat
+
+
+def _sped_up(trial: Evaluation, before: Evaluation) -> bool:
+    """Whether a valid trial made some pipeline faster (moves keep the pipelines' order)."""
+    return trial.valid and len(trial.pipelines) == len(before.pipelines) and any(
+        after.T_p < earlier.T_p * (1 - 1e-9)
+        for after, earlier in zip(trial.pipelines, before.pipelines, strict=True))
 
 
 def _shapes(plan_doc: Plan) -> list[list[int]]:

@@ -9,6 +9,7 @@ from planner import SearchOptions, evaluate, parse_plan, parse_scenario, plan
 from planner.documents import Pipeline, Plan, Stage
 from planner.estimate import Evaluation
 from planner.search.polish import polish_plan, tries_per_phase
+from planner.search.refine import rebalance
 
 
 def _scenario() -> dict:
@@ -162,3 +163,39 @@ def test_polish_gives_deep_pipelines_of_many_micro_batches_fewer_tries() -> None
     assert tries_per_phase(_pipelines(8, 36, 192)) == 5000 // (288 + 6912 // 60) == 12
     assert tries_per_phase(_pipelines(8, 2, 16)) == 64  # small plans keep every try
     assert tries_per_phase(_pipelines(130, 1, 4)) == 640 // 130  # many pipelines: as before
+
+
+def test_polish_rebalances_shares_after_a_move_that_speeds_one_shape_up() -> None:
+    """Two pipelines of different shapes finish together: merging the fast GPUs' two stages
+    into one of tp 2 speeds their pipeline up, which shortens the iteration only once the
+    slow GPU's pipeline gives it samples."""
+    doc = _many_micro_batches()
+    doc["gpu_types"]["S"]["memory_gib"] = 8.0
+    doc["profiles"] += [dict(r, tp=2, forward_ms=r["forward_ms"] * 0.6,
+                             backward_ms=r["backward_ms"] * 0.6)
+                        for r in doc["profiles"] if r["gpu_type"] == "F"]
+    scenario = parse_scenario(doc)
+    two = _uneven(16)["pipelines"][0]
+    two["stages"][0]["layers"], two["stages"][1]["layers"] = [0, 2], [2, 4]
+    one = {"micro_batch_size": 1, "num_micro_batches": 16,
+           "stages": [{"gpu_type": "S", "tp": 1, "gpus": ["s0:0"], "layers": [0, 4]}]}
+    unbalanced = parse_plan({"pipelines": [two, one]})
+    balanced = rebalance(scenario, unbalanced, evaluate(scenario, unbalanced))
+    assert balanced is not None
+    before = evaluate(scenario, balanced)
+    assert before.valid and len(before.pipelines) == 2
+    merged_alone = evaluate(scenario, parse_plan({"pipelines": [
+        {**two, "num_micro_batches": balanced.pipelines[0].num_micro_batches, "stages": [
+            {"gpu_type": "F", "tp": 2, "gpus": ["f0:0", "f0:1"], "layers": [0, 4]}]},
+        {**one, "num_micro_batches": balanced.pipelines[1].num_micro_batches}]}))
+    assert merged_alone.iteration_s is not None and before.iteration_s is not None
+    assert merged_alone.iteration_s >= before.iteration_s * (1 - 1e-9)  # no gain by itself
+
+    polished = polish_plan(scenario, balanced, before)
+
+    assert polished is not None
+    plan_doc, after = polished
+    fast, slow = plan_doc.pipelines
+    assert [(s.tp, tuple(s.layers)) for s in fast.stages] == [(2, (0, 4))]
+    assert fast.num_micro_batches > balanced.pipelines[0].num_micro_batches
+    assert after.iteration_s is not None and after.iteration_s < before.iteration_s * 0.99
