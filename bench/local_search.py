@@ -27,7 +27,10 @@ if it finds none in minutes per input, the search's plans are at least local opt
 neighbourhood much wider than its own polish (`planner/search/polish.py`).
 
 Usage: python bench/local_search.py [--seconds S] [--sets measured,generated]
-       [--only NAME] [--seed N] [--out DIR]
+       [--only NAME] [--perturbed N] [--seed N] [--out DIR]
+The shared inputs are walked from hetplan's plan and from the per-type reference; the
+perturbed ones (held-out inputs of the same families, `bench/perturbed.py`) from hetplan's
+plan only.
 """
 
 from __future__ import annotations
@@ -40,10 +43,11 @@ import math
 import platform
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from perturbed import perturbed
 from plan_quality import REFERENCE, SETS, geomean
 
 from planner import SearchOptions, evaluate, parse_plan, parse_scenario, plan
@@ -389,12 +393,31 @@ def walk(scenario: Scenario, start: Plan, seconds: float, rng: random.Random,
     return parse_plan(best_doc), best_s, wins, evaluations
 
 
+def inputs(sets: str, only: str | None, perturbed_count: int
+           ) -> Iterator[tuple[str, dict[str, Any], Plan | None]]:
+    """(name, scenario document, per-type reference plan or None) of every input walked:
+    the shared sets, then the first `perturbed_count` perturbed ones (seed 0, as
+    `bench/perturbed.py` draws them), which have no reference."""
+    for set_name in filter(None, sets.split(",")):
+        for path in SETS[set_name]:
+            if only is None or only in path.stem:
+                yield path.stem, json.loads(path.read_text()), parse_plan(json.loads(
+                    (REFERENCE / f"{path.stem}.plan.json").read_text()))
+    rng = random.Random(0)
+    for k in range(perturbed_count):
+        label, doc = perturbed(rng)
+        yield f"perturbed #{k} ({label})", doc, None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=60.0,
                         help="walk time per start plan and input")
-    parser.add_argument("--sets", default="measured,generated")
-    parser.add_argument("--only", default=None, help="only inputs whose name contains this")
+    parser.add_argument("--sets", default="measured,generated",
+                        help="shared sets, comma-separated (empty for none)")
+    parser.add_argument("--only", default=None, help="only shared inputs whose name has this")
+    parser.add_argument("--perturbed", type=int, default=0,
+                        help="also the first N perturbed inputs, walked from hetplan's plan")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None,
                         help="write each plan the walk improved here")
@@ -406,36 +429,33 @@ def main() -> None:
           "| best walked / hetplan | moves behind new bests | evaluations |")
     print("|---|---|---|---|---|---|---|---|")
     ratios = []
-    for set_name in args.sets.split(","):
-        for path in SETS[set_name]:
-            if args.only and args.only not in path.stem:
-                continue
-            scenario = parse_scenario(json.loads(path.read_text()))
-            batch = scenario.job.global_batch_size
-            searched = plan(scenario, SearchOptions(time_limit_s=10))
-            reference = parse_plan(json.loads(
-                (REFERENCE / f"{path.stem}.plan.json").read_text()))
-            reference_s = evaluate(scenario, reference).iteration_s or math.inf
-            rng = random.Random(args.seed)
-            row, all_wins, count = [], collections.Counter[str](), 0
-            best_walked = math.inf
-            for start, start_s in ((searched.plan, searched.evaluation.iteration_s or math.inf),
-                                   (reference, reference_s)):
-                walked, walked_s, wins, evaluations = walk(scenario, start, args.seconds, rng)
-                row += [batch / start_s, batch / walked_s]
-                all_wins.update(wins)
-                count += evaluations
-                if walked_s < best_walked:
-                    best_walked, best_plan = walked_s, walked
-            ratio = (searched.evaluation.iteration_s or math.inf) / best_walked
-            ratios.append(ratio)
-            if args.out is not None and ratio > 1 + 1e-9:
-                args.out.mkdir(parents=True, exist_ok=True)
-                (args.out / f"{path.stem}.walked.plan.json").write_text(
-                    best_plan.model_dump_json(indent=1, exclude_none=True))
-            wins_text = ", ".join(f"{k} {v}" for k, v in all_wins.most_common()) or "none"
-            print(f"| {path.stem} | {row[0]:.2f} | {row[1]:.2f} | {row[2]:.2f} | {row[3]:.2f} "
-                  f"| {ratio:.4f} | {wins_text} | {count} |", flush=True)
+    for k, (name, doc, reference) in enumerate(inputs(args.sets, args.only, args.perturbed)):
+        scenario = parse_scenario(doc)
+        batch = scenario.job.global_batch_size
+        searched = plan(scenario, SearchOptions(time_limit_s=10))
+        starts = [(searched.plan, searched.evaluation.iteration_s or math.inf)]
+        if reference is not None:
+            starts.append((reference, evaluate(scenario, reference).iteration_s or math.inf))
+        rng = random.Random(args.seed)
+        row, all_wins, count = [], collections.Counter[str](), 0
+        best_walked, best_plan = math.inf, searched.plan
+        for start, start_s in starts:
+            walked, walked_s, wins, evaluations = walk(scenario, start, args.seconds, rng)
+            row += [f"{batch / start_s:.2f}", f"{batch / walked_s:.2f}"]
+            all_wins.update(wins)
+            count += evaluations
+            if walked_s < best_walked:
+                best_walked, best_plan = walked_s, walked
+        row += ["", ""] * (2 - len(starts))
+        ratio = (searched.evaluation.iteration_s or math.inf) / best_walked
+        ratios.append(ratio)
+        if args.out is not None and ratio > 1 + 1e-9:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / f"{k:03d}.walked.plan.json").write_text(
+                best_plan.model_dump_json(indent=1, exclude_none=True))
+        wins_text = ", ".join(f"{m} {v}" for m, v in all_wins.most_common()) or "none"
+        print(f"| {name} | {' | '.join(row)} | {ratio:.4f} | {wins_text} | {count} |",
+              flush=True)
     print(f"\n{len(ratios)} inputs: best walked / hetplan geometric mean {geomean(ratios):.4f}, "
           f"highest {max(ratios):.4f}")
 
