@@ -212,7 +212,10 @@ def test_a_worker_shutting_down_queues_its_job_for_the_next_one(
         client.app.state.worker.stop()  # type: ignore[attr-defined]
         requeued = client.get(f"/v1/jobs/{job['id']}").json()
         assert (requeued["status"], requeued["attempts"]) == ("queued", 0)
-        make_client(solver=fixed_solver(plan_document), **FAST)
+        # The plan on the first copy of the nodes, its micro-batches covering the batch.
+        make_client(solver=fixed_solver({**plan_document, "pipelines": [
+            {**pipeline, "num_micro_batches": pipeline["num_micro_batches"] * COPIES}
+            for pipeline in plan_document["pipelines"]]}), **FAST)
         done = wait_job(client, job["id"])
         assert (done["status"], done["attempts"]) == ("succeeded", 1)
 
@@ -226,6 +229,24 @@ def test_api_replica_without_a_worker_queues_jobs_for_workers(
     assert api.get(f"/v1/jobs/{job['id']}").json()["status"] == "queued"
     make_client(solver=fixed_solver(plan_document), **FAST)
     assert wait_job(api, job["id"])["status"] == "succeeded"
+
+
+COPIES = 128
+"""The scenario's nodes repeated this many times, the batch with them: a search of seconds
+(about 1.9 s on a quiet 2-core VM, 4,096 GPUs), where the scenario itself plans in tenths,
+which a worker could finish between being seen running and being signalled."""
+
+
+def _long_search(scenario: dict[str, Any]) -> dict[str, Any]:
+    """`scenario` on COPIES copies of its nodes (the first copy keeps their names) with a
+    batch COPIES times as large."""
+    nodes = scenario["cluster"]["nodes"]
+    return {**scenario,
+            "cluster": {**scenario["cluster"], "nodes": [
+                {**node, "name": node["name"] if k == 0 else f"{node['name']}-copy{k}"}
+                for k in range(COPIES) for node in nodes]},
+            "job": {**scenario["job"],
+                    "global_batch_size": scenario["job"]["global_batch_size"] * COPIES}}
 
 
 def _start_worker(database_url: str, lease_s: float, log: Path) -> subprocess.Popen[bytes]:
@@ -246,8 +267,8 @@ def test_worker_killed_mid_job_is_taken_over_and_the_job_succeeds(
     log = tmp_path / "worker.log"
     process = _start_worker(database_url, lease_s=1.0, log=log)
     try:
-        response = api.post("/v1/plans?job=true", json={"scenario": scenario,
-                                                         "options": {"time_limit_s": 4}})
+        response = api.post("/v1/plans?job=true", json={"scenario": _long_search(scenario),
+                                                         "options": {"time_limit_s": 20}})
         job_id = response.json()["id"]
         deadline = time.monotonic() + 30
         while api.get(f"/v1/jobs/{job_id}").json()["status"] != "running":
@@ -256,7 +277,10 @@ def test_worker_killed_mid_job_is_taken_over_and_the_job_succeeds(
             time.sleep(0.05)
         process.send_signal(signal.SIGKILL)  # mid-search: no chance to release the job
         process.wait()
-        make_client(solver=fixed_solver(plan_document), **FAST)
+        # The plan on the first copy of the nodes, its micro-batches covering the batch.
+        make_client(solver=fixed_solver({**plan_document, "pipelines": [
+            {**pipeline, "num_micro_batches": pipeline["num_micro_batches"] * COPIES}
+            for pipeline in plan_document["pipelines"]]}), **FAST)
         job = wait_job(api, job_id)
         assert (job["status"], job["attempts"]) == ("succeeded", 2)
     finally:
@@ -274,7 +298,7 @@ def test_worker_stopped_with_sigterm_queues_its_job_again(
     process = _start_worker(database_url, lease_s=30.0, log=log)
     try:
         job_id = api.post("/v1/plans?job=true", json={
-            "scenario": scenario, "options": {"time_limit_s": 20}}).json()["id"]
+            "scenario": _long_search(scenario), "options": {"time_limit_s": 20}}).json()["id"]
         deadline = time.monotonic() + 30
         while api.get(f"/v1/jobs/{job_id}").json()["status"] != "running":
             assert time.monotonic() < deadline, log.read_text()
