@@ -56,22 +56,19 @@ from planner.documents import Plan, Scenario
 from planner.search.refine import rebalance
 
 PlanDict = dict[str, Any]
-Move = Callable[[random.Random, PlanDict], PlanDict | None]
+Move = Callable[["Space", random.Random, PlanDict], PlanDict | None]
 
 
 class Space:
     """What the moves need to know of a scenario: nodes, idle GPUs, profiled points."""
 
     def __init__(self, scenario: Scenario) -> None:
-        self.scenario = scenario
-        self.layers = len(scenario.model.layers)
         self.node_type = {n.name: n.gpu_type for n in scenario.cluster.nodes}
         self.node_gpus = {n.name: n.gpus for n in scenario.cluster.nodes}
         index = ProfileIndex(scenario.profiles)
         kinds = set(scenario.model.layers)
-        self.points = {t: index.complete_points(t, kinds) for t in scenario.gpu_types}
+        self.points = {t: set(index.complete_points(t, kinds)) for t in scenario.gpu_types}
         self.tps = {t: sorted({tp for _, tp in pts}) for t, pts in self.points.items()}
-        self.sizes = {t: sorted({b for b, _ in pts}) for t, pts in self.points.items()}
 
     def idle(self, plan_doc: PlanDict) -> dict[str, list[str]]:
         used = {g for p in plan_doc["pipelines"] for s in p["stages"] for g in s["gpus"]}
@@ -308,7 +305,7 @@ def move_copy(space: Space, rng: random.Random, doc: PlanDict) -> PlanDict | Non
     return doc
 
 
-SIMPLE: dict[str, Callable[[Space, random.Random, PlanDict], PlanDict | None]] = {
+SIMPLE: dict[str, Move] = {
     "boundary": move_boundary, "micro-batches": move_micro_batches,
     "micro-batch size": move_micro_batch_size, "tp": move_tp, "split": move_split,
     "merge": move_merge, "relocate": move_relocate, "drop": move_drop, "copy": move_copy,
@@ -320,7 +317,8 @@ FREEING = ("drop", "merge", "tp")
 def move_compound(space: Space, rng: random.Random, doc: PlanDict) -> PlanDict | None:
     """GPUs set free by one move (a pipeline dropped, stages merged, a tp lowered) and put
     to work by two or three more: on a plan that uses every GPU, no single move that adds
-    a stage or a pipeline has GPUs to place it on."""
+    a stage or a pipeline has GPUs to place it on. A move that gives up part way keeps what
+    it changed: any document the estimator finds valid is a plan worth judging."""
     moved = SIMPLE[rng.choice(FREEING)](space, rng, doc)
     for _ in range(rng.randint(2, 3)):
         if moved is None:
