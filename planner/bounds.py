@@ -3,10 +3,16 @@ a plan's busiest stage, a lower bound on its iteration that needs no simulation.
 
 from __future__ import annotations
 
-import weakref
 from collections import Counter
 
-from planner.costs import NodeIndex, ProfileIndex, chunk_transfers_s
+from planner.costs import (
+    NodeIndex,
+    ProfileIndex,
+    chunk_transfers_s,
+    node_index,
+    per_scenario,
+    profile_index,
+)
 from planner.documents import Pipeline, Plan, Scenario, Schedule
 from planner.schedules import model_chunks
 
@@ -17,7 +23,7 @@ def seconds_per_sample_per_gpu(
     scenario: Scenario, gpu_type: str, profiles: ProfileIndex | None = None
 ) -> float | None:
     """`c_g`: the least GPU-seconds one sample costs on `gpu_type` over complete (b, tp) points."""
-    profiles = profiles or ProfileIndex(scenario.profiles)
+    profiles = profiles or profile_index(scenario)
     layers = scenario.model.layers
     best = None
     for b, tp in profiles.complete_points(gpu_type, set(layers)):
@@ -34,27 +40,14 @@ def seconds_per_sample_per_gpu(
     return best
 
 
-_known: dict[int, tuple[weakref.ref[Scenario], float | None]] = {}
-
-
+@per_scenario
 def compute_bound_s(scenario: Scenario) -> float | None:
-    """global_batch / sum_g(N_g / c_g), or None when no GPU type can run the model at all.
-    Scenario documents are frozen: each one's bound is computed once (the estimator asks
-    for it at every plan it judges)."""
-    key = id(scenario)
-    known = _known.get(key)
-    if known is not None and known[0]() is scenario:
-        return known[1]
-    bound = _compute_bound_s(scenario)
-    _known[key] = (weakref.ref(scenario, lambda _: _known.pop(key, None)), bound)
-    return bound
-
-
-def _compute_bound_s(scenario: Scenario) -> float | None:
+    """global_batch / sum_g(N_g / c_g), or None when no GPU type can run the model at all
+    (computed once per scenario: the estimator asks for it at every plan it judges)."""
     gpus = Counter[str]()
     for node in scenario.cluster.nodes:
         gpus[node.gpu_type] += node.gpus
-    profiles = ProfileIndex(scenario.profiles)
+    profiles = profile_index(scenario)
     rate = 0.0
     for gpu_type, count in gpus.items():
         cost = seconds_per_sample_per_gpu(scenario, gpu_type, profiles)
@@ -69,7 +62,7 @@ def busiest_stage_s(scenario: Scenario, plan: Plan) -> float | None:
     times what one costs that stage (every chunk's forward and backward, a recomputed
     forward, a local head, blocking transfers), and sync only adds. None where the plan
     names a GPU or needs a profile row the scenario lacks (the estimator says which)."""
-    nodes, profiles = NodeIndex(scenario), ProfileIndex(scenario.profiles)
+    nodes, profiles = node_index(scenario), profile_index(scenario)
     schedule = plan.schedule or scenario.job.schedule
     busiest = 0.0
     for pipeline in plan.pipelines:

@@ -6,8 +6,10 @@ name says otherwise. `ProfileIndex` answers profile lookups in O(1).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import weakref
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from planner.documents import LayerRange, Link, Node, ProfileRow, Scenario, Schedule
 
@@ -16,6 +18,9 @@ __all__ = [
     "ProfilePoint",
     "ProfileIndex",
     "NodeIndex",
+    "per_scenario",
+    "node_index",
+    "profile_index",
     "link_between",
     "zone_link",
     "transfer_s",
@@ -59,14 +64,54 @@ class NodeIndex:
 
     def __init__(self, scenario: Scenario) -> None:
         self.by_name: dict[str, Node] = {n.name: n for n in scenario.cluster.nodes}
+        self._located: dict[str, tuple[Node, int]] = {}
 
     def locate(self, gpu: str) -> tuple[Node, int] | None:
         """The node and local index of a GPU name, or None if it names no GPU."""
+        known = self._located.get(gpu)
+        if known is not None:
+            return known
         name, sep, index = gpu.rpartition(":")
         node = self.by_name.get(name)
         if not sep or node is None or not index.isdigit() or int(index) >= node.gpus:
             return None
-        return node, int(index)
+        # Only GPUs of the cluster are kept: a plan naming others cannot grow the index.
+        found = self._located[gpu] = (node, int(index))
+        return found
+
+
+T = TypeVar("T")
+
+
+def per_scenario(build: Callable[[Scenario], T]) -> Callable[[Scenario], T]:
+    """`build`, computed once per scenario document. Scenarios are frozen, and the search
+    judges thousands of plans against one: what each judgement derives from the scenario
+    alone is kept while the scenario lives."""
+    known: dict[int, tuple[weakref.ref[Scenario], T]] = {}
+
+    def cached(scenario: Scenario) -> T:
+        key = id(scenario)
+        found = known.get(key)
+        if found is not None and found[0]() is scenario:
+            return found[1]
+        value = build(scenario)
+        known[key] = (weakref.ref(scenario, lambda _: known.pop(key, None)), value)
+        return value
+
+    cached.__doc__ = build.__doc__
+    return cached
+
+
+@per_scenario
+def node_index(scenario: Scenario) -> NodeIndex:
+    """The scenario's `NodeIndex`, built once."""
+    return NodeIndex(scenario)
+
+
+@per_scenario
+def profile_index(scenario: Scenario) -> ProfileIndex:
+    """The scenario's `ProfileIndex`, built once."""
+    return ProfileIndex(scenario.profiles)
 
 
 def link_between(scenario: Scenario, a: Node, b: Node) -> Link:

@@ -28,6 +28,8 @@ from planner.costs import (
     chunk_transfers_s,
     in_flight,
     link_between,
+    node_index,
+    profile_index,
     ring_cost,
     ring_hop,
     state_bytes_per_param,
@@ -185,8 +187,8 @@ def plan_schedule(scenario: Scenario, plan: Plan) -> Schedule:
 
 def evaluate(scenario: Scenario, plan: Plan) -> Evaluation:
     """Validate `plan` against `scenario` and estimate it with the reference model."""
-    nodes = NodeIndex(scenario)
-    profiles = ProfileIndex(scenario.profiles)
+    nodes = node_index(scenario)
+    profiles = profile_index(scenario)
     schedule = plan_schedule(scenario, plan)
     version_1 = _is_version_1(plan, schedule)
     errors = _structure_errors(scenario, plan, nodes, profiles, may_have_chunks=not version_1)

@@ -52,7 +52,7 @@ from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from planner.costs import GIB, ProfileIndex, state_bytes_per_param
+from planner.costs import GIB, ProfileIndex, profile_index, state_bytes_per_param
 from planner.documents import Scenario, Schedule
 
 __all__ = ["SpaceBound", "space_bound"]
@@ -145,7 +145,7 @@ class _Problem:
         self.num_gpus = sum(self.gpus.values())
         self.num_nodes = len(scenario.cluster.nodes)
         self.largest_node = max(largest.values())
-        profiles = ProfileIndex(scenario.profiles)
+        profiles = profile_index(scenario)
         # Per (layer kind, type): the least GPU-seconds per sample over points whose
         # single-layer stage fits beside the reserved memory (state counted unsharded: a
         # point that fails it may still fit under ZeRO with many pipelines, so sharded

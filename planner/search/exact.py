@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from planner.costs import GIB, ProfileIndex, link_between, state_bytes_per_param
+from planner.costs import GIB, link_between, profile_index, state_bytes_per_param
 from planner.documents import Node, Pipeline, Plan, Scenario, Schedule, Stage
 from planner.errors import PlannerError
 from planner.estimate import Evaluation, evaluate
@@ -169,7 +169,7 @@ class _Enumeration:
         self.num_layers = len(self.layers)
         self.batch = scenario.job.global_batch_size
         self.schedule = scenario.job.schedule
-        profiles = ProfileIndex(scenario.profiles)
+        profiles = profile_index(scenario)
         kinds = set(self.layers)
         self.points: dict[str, list[tuple[int, int]]] = {
             t: profiles.complete_points(t, kinds) for t in {n.gpu_type for n in self.nodes}}

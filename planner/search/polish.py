@@ -28,7 +28,7 @@ import math
 import time
 from collections.abc import Callable, Iterator
 
-from planner.costs import NodeIndex
+from planner.costs import NodeIndex, node_index
 from planner.documents import Pipeline, Plan, Scenario, Schedule, Stage
 from planner.estimate import Evaluation, evaluate
 from planner.search.refine import rebalance
@@ -64,7 +64,7 @@ def polish_plan(
     if evaluation.schedule == Schedule.LOCAL.value:
         return None  # under local learning every pipeline keeps the same blocks
     points = {(row.gpu_type, row.micro_batch, row.tp) for row in scenario.profiles}
-    nodes = NodeIndex(scenario)
+    nodes = node_index(scenario)
     most = tries_per_phase(plan_doc)
     best, best_eval = plan_doc, evaluation
     # Merges come last, from the split the other moves settled on: taken first, a merge's

@@ -203,18 +203,16 @@ def schedule_variants(
     best: Judged | None = None
     seen: set[str] = set()
 
-    def judge(plan: Plan, origin: str) -> Judged | None:
+    def judge(plan: Plan, origin: str, sync_s: float) -> Judged | None:
         nonlocal best
         key = plan.model_dump_json()
         if key in seen:
             return None
         seen.add(key)
-        # A variant whose busiest stage alone takes longer than the best plan cannot win, nor
-        # can its repair (recomputation lengthens backwards): no simulation needed.
-        if best is not None:
-            floor = busiest_stage_s(scenario, plan)
-            if floor is not None and floor > (best[1].iteration_s or math.inf) * (1 + ROUNDING):
-                return None
+        # A variant whose busiest stage and sync alone take longer than the best plan cannot
+        # win, nor can its repair (recomputation lengthens backwards).
+        if _cannot_win(scenario, plan, sync_s, best):
+            return None
         evaluation = evaluate(scenario, plan)
         if not evaluation.valid and recompute:
             # Recomputing lengthens backwards and changes nothing else: a plan over memory
@@ -223,6 +221,10 @@ def schedule_variants(
                     evaluation.iteration_s >= (best[1].iteration_s or math.inf)):
                 return None
             repaired = _recompute_where_full(plan, evaluation)
+            # The repair keeps every GPU's layers, so its rings: the sync just found.
+            if repaired is not None and _cannot_win(scenario, repaired,
+                                                    evaluation.sync_s or 0.0, best):
+                return None
             if repaired is not None:
                 plan, origin = repaired, f"{origin}, recomputation where memory is full"
                 evaluation = evaluate(scenario, plan)
@@ -242,8 +244,29 @@ def schedule_variants(
         for plan, origin in _variants(tables, candidate, allowed, recompute):
             if time.monotonic() > deadline and best is not None:
                 return best
-            judge(plan, origin)
+            judge(plan, origin, _known_sync_s(candidate.plan, known, plan))
     return best
+
+
+def _cannot_win(scenario: Scenario, plan: Plan, sync_s: float, best: Judged | None) -> bool:
+    """Whether the plan's busiest stage plus its sync (`sync_s` where known, else 0) already
+    takes longer than the best plan: no simulation needed."""
+    if best is None:
+        return False
+    floor = busiest_stage_s(scenario, plan)
+    return floor is not None and floor + sync_s > (best[1].iteration_s or math.inf) * (
+        1 + ROUNDING)
+
+
+def _known_sync_s(base: Plan, known: Evaluation, variant: Plan) -> float:
+    """The variant's sync where it is the base's: its stages are the base's own (a variant
+    of another schedule or other micro-batches; sync depends only on the layers each GPU
+    holds, and `local` is never a variant's schedule). 0 where not known."""
+    if known.sync_s is None or len(variant.pipelines) != len(base.pipelines):
+        return 0.0
+    same = all(v.stages is b.stages for v, b in zip(variant.pipelines, base.pipelines,
+                                                    strict=True))
+    return known.sync_s if same else 0.0
 
 
 def _variants(

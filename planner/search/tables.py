@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from planner.costs import GIB, ProfileIndex, state_bytes_per_param
+from planner.costs import GIB, profile_index, state_bytes_per_param
 from planner.documents import Node, Scenario
 
 __all__ = ["PointCosts", "ResourceClass", "ScenarioTables", "compile_tables"]
@@ -104,7 +104,7 @@ class ScenarioTables:
 
 
 def compile_tables(scenario: Scenario) -> ScenarioTables:
-    profiles = ProfileIndex(scenario.profiles)
+    profiles = profile_index(scenario)
     layers = scenario.model.layers
     kinds = set(layers)
     kind_params = np.array([scenario.model.kinds[k].params for k in layers], dtype=float)

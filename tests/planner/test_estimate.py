@@ -169,3 +169,17 @@ def test_compute_bound_belongs_to_its_own_scenario() -> None:
         rates.append(compute_bound_s(scenario))
         del scenario
     assert rates == pytest.approx([2 / (8 / 9e-3), 4 / (8 / 9e-3), 8 / (8 / 9e-3)])
+
+
+def test_what_the_estimator_derives_from_a_scenario_is_built_once_per_scenario() -> None:
+    from planner.costs import node_index, profile_index
+
+    scenario, twin = parse_scenario(tiny()), parse_scenario(tiny())
+    assert node_index(scenario) is node_index(scenario)
+    assert profile_index(scenario) is profile_index(scenario)
+    assert node_index(twin) is not node_index(scenario)  # equal documents, kept apart
+    nodes = node_index(scenario)
+    assert nodes.locate("n1:3") == (nodes.by_name["n1"], 3)
+    for name in ("n1:4", "n9:0", "n1", "n1:x"):  # names of no GPU: answered, never kept
+        assert nodes.locate(name) is None
+    assert set(nodes._located) == {"n1:3"}

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from planner import SearchOptions, evaluate, parse_scenario, plan
+from planner import SearchOptions, evaluate, parse_plan, parse_scenario, plan
 from planner.documents import Plan, Scenario, Schedule
 from planner.errors import Infeasible, InvalidScenario
 from planner.estimate import Evaluation
@@ -24,6 +24,7 @@ from planner.search.schedules import (
     schedule_variants,
 )
 from planner.search.tables import compile_tables
+from tests.planner import scenarios as hand
 from tests.planner.scenarios import deep
 
 SCENARIOS = Path(__file__).parents[1] / "data" / "scenarios"
@@ -292,6 +293,60 @@ def _counted(judged: list[Plan], scenario: Scenario, plan_doc: Plan) -> Evaluati
     return evaluate(scenario, plan_doc)
 
 
+def two_pipelines_with_slow_rings() -> tuple[Scenario, Plan]:
+    """Two 2-stage pipelines on two nodes, each layer 1e8 parameters: every ring crosses
+    the 10 GB/s link between the nodes, 0.08 s of sync. Micro-batches of 2 run faster (3 ms
+    forward, 1.5 ms backward per layer) but overflow the first stage's memory, and recomputing
+    its forwards makes that stage slower than the base plan's pipelines."""
+    doc = deep(4, global_batch_size=16)
+    doc["model"]["kinds"]["b"]["params"] = 100_000_000
+    doc["profiles"].append({"gpu_type": "G", "kind": "b", "micro_batch": 2, "tp": 1,
+                            "forward_ms": 3, "backward_ms": 1.5,
+                            "activation_bytes": 2_000_000_000})
+    base = parse_plan(hand.plan(
+        hand.pipeline([hand.stage(["n0:0"], (0, 2)), hand.stage(["n0:1"], (2, 4))], m=8),
+        hand.pipeline([hand.stage(["n1:0"], (0, 2)), hand.stage(["n1:1"], (2, 4))], m=8)))
+    return parse_scenario(doc), base
+
+
+def test_a_variant_keeping_its_bases_stages_is_known_to_sync_as_the_base() -> None:
+    from planner.search.schedules import _known_sync_s, _variants
+
+    scenario, base = two_pipelines_with_slow_rings()
+    known = evaluate(scenario, base)
+    assert known.sync_s == pytest.approx(0.08)
+    claimed = {}
+    for variant, origin in _variants(compile_tables(scenario),
+                                     Candidate.of(base, quick_s=1.0, origin="hand-made"),
+                                     (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B), True):
+        claimed[origin] = _known_sync_s(base, known, variant)
+        if claimed[origin] > 0:
+            assert evaluate(scenario, variant).sync_s == pytest.approx(claimed[origin],
+                                                                       rel=1e-12)
+    # Another schedule and larger micro-batches keep the stages; chunks move the layers.
+    assert claimed["hand-made, micro-batches x2 with recomputation"] == known.sync_s
+    assert claimed["hand-made, interleaved with 2 chunks per stage"] == 0.0
+
+
+def test_variants_whose_busiest_stage_and_known_sync_lose_are_not_simulated(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The repair of the larger micro-batches (0.06 s at its busiest stage, under the best
+    plan's 0.13 s) cannot win once its 0.08 s of sync is counted: the same plan wins with
+    that floor as without it, for fewer evaluations."""
+    from planner.search import schedules
+
+    scenario, base = two_pipelines_with_slow_rings()
+    bases = [(Candidate.of(base, quick_s=1.0, origin="hand-made"), evaluate(scenario, base))]
+    count, found = _variants_judged(monkeypatch, scenario, bases)
+    with_sync = schedules._cannot_win
+    monkeypatch.setattr(schedules, "_cannot_win",
+                        lambda s, p, sync_s, best: with_sync(s, p, 0.0, best))
+    count_without, found_without = _variants_judged(monkeypatch, scenario, bases)
+    assert found == found_without
+    assert found.schedule is Schedule.INTERLEAVED_1F1B
+    assert count < count_without
+
+
 def test_variants_slower_than_the_best_at_their_busiest_stage_are_not_simulated(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The same variant wins with the bound as without it, for fewer evaluations."""
@@ -301,18 +356,23 @@ def test_variants_slower_than_the_best_at_their_busiest_stage_are_not_simulated(
         (SCENARIOS / "v16x32-a10x16-llama7b-memtight.json").read_text()))
     base = plan(scenario, SearchOptions(time_limit_s=QUICK)).plan
     bases = [(Candidate.of(base, quick_s=1.0, origin="searched"), evaluate(scenario, base))]
-    counts, found = [], []
-    for bounded in (True, False):
-        judged: list[Plan] = []
-        monkeypatch.setattr(schedules, "evaluate", functools.partial(_counted, judged))
-        if not bounded:
-            monkeypatch.setattr(schedules, "busiest_stage_s", lambda s, p: None)
-        best = schedule_variants(
-            scenario, compile_tables(scenario), bases,
-            (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B), recompute=True,
-            deadline=math.inf)
-        assert best is not None
-        counts.append(len(judged))
-        found.append(best[0].plan)
-    assert found[0] == found[1]
-    assert counts[0] < counts[1]
+    count, found = _variants_judged(monkeypatch, scenario, bases)
+    monkeypatch.setattr(schedules, "busiest_stage_s", lambda s, p: None)
+    count_without, found_without = _variants_judged(monkeypatch, scenario, bases)
+    assert found == found_without
+    assert count < count_without
+
+
+def _variants_judged(monkeypatch: pytest.MonkeyPatch, scenario: Scenario,
+                     bases: list[tuple[Candidate, Evaluation]]) -> tuple[int, Plan]:
+    """How many plans the variant step simulates from `bases` (1F1B, interleaving and
+    recomputation allowed), and the plan it returns."""
+    from planner.search import schedules
+
+    judged: list[Plan] = []
+    monkeypatch.setattr(schedules, "evaluate", functools.partial(_counted, judged))
+    best = schedule_variants(scenario, compile_tables(scenario), bases,
+                             (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B), recompute=True,
+                             deadline=math.inf)
+    assert best is not None
+    return len(judged), best[0].plan
