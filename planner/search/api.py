@@ -252,8 +252,7 @@ def _searched(
     families = [allocated, replicated, beside.grids]
     if local:
         # Only plans whose pipelines share their blocks are valid: give them one split.
-        candidates = common_blocks(tables, sorted(candidates, key=lambda c: c.quick_s)
-                                   [:2 * options.finalists], max_blocks)
+        candidates = common_blocks(tables, candidates, max_blocks, limit=2 * options.finalists)
         families = []
     # The allocation is proven only within its own model (templates, caps), never globally.
     status = PlanStatus.FEASIBLE if proven else PlanStatus.HEURISTIC
@@ -261,7 +260,10 @@ def _searched(
     admissible = None if max_blocks is None else (
         lambda plan_doc: within_block_cap(plan_doc, max_blocks))
     best, evaluation, baseline_rates, runners_up = judge(
-        searched, candidates, families, baselines, admissible, limit=options.finalists,
+        searched, candidates, families, baselines, admissible,
+        # The quick estimates leave out what local learning adds (heads, their rings) and
+        # the shared split: every plan given one is judged.
+        limit=len(candidates) if local else options.finalists,
         started=started, time_limit_s=options.time_limit_s, known=waited.judged)
     if options.launcher is not None:
         report(0.9, f"restricting to what {options.launcher} runs")

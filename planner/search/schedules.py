@@ -92,16 +92,19 @@ def within_block_cap(plan: Plan, max_blocks: int | None) -> bool:
 
 
 def common_blocks(
-    tables: ScenarioTables, candidates: Iterable[Candidate], max_blocks: int | None
+    tables: ScenarioTables, candidates: Iterable[Candidate], max_blocks: int | None,
+    limit: int | None = None,
 ) -> list[Candidate]:
-    """Each candidate whose pipelines all have the same depth (at most `max_blocks`), with
-    one layer split shared by all its pipelines; the others are dropped (no `local` plan)."""
+    """Of the candidates whose pipelines all have the same depth (at most `max_blocks`), the
+    `limit` of least quick estimate (all where None), each with one layer split shared by
+    all its pipelines; the others are dropped (no `local` plan). The search mixes depths
+    by GPU type: only the candidates that can take a shared split count toward `limit`."""
+    eligible = sorted((c for c in candidates
+                       if len({len(p.stages) for p in c.plan.pipelines}) == 1
+                       and within_block_cap(c.plan, max_blocks)), key=lambda c: c.quick_s)
     out = []
-    for candidate in candidates:
+    for candidate in eligible[:limit]:
         plan = candidate.plan
-        depths = {len(p.stages) for p in plan.pipelines}
-        if len(depths) != 1 or not within_block_cap(plan, max_blocks):
-            continue
         bounds = _common_split(tables, plan)
         if bounds is None:
             continue
