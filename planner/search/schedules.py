@@ -26,7 +26,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 
 from planner.bounds import busiest_stage_s
-from planner.costs import ProfileIndex, state_bytes_per_param
+from planner.costs import profile_index, state_bytes_per_param
 from planner.documents import Pipeline, Plan, Scenario, Schedule, Stage
 from planner.errors import InvalidScenario, Problem
 from planner.estimate import Evaluation, evaluate
@@ -103,9 +103,14 @@ def common_blocks(
                        if len({len(p.stages) for p in c.plan.pipelines}) == 1
                        and within_block_cap(c.plan, max_blocks)), key=lambda c: c.quick_s)
     out = []
+    splits: dict[tuple[object, ...], list[int] | None] = {}  # placements of one plan repeat
     for candidate in eligible[:limit]:
         plan = candidate.plan
-        bounds = _common_split(tables, plan)
+        shapes = _shapes(plan)
+        key = (tuple(sorted(shapes.items())), len(plan.pipelines))
+        if key not in splits:
+            splits[key] = _common_split(tables, shapes, len(plan.pipelines))
+        bounds = splits[key]
         if bounds is None:
             continue
         if bounds == _bounds(plan.pipelines[0]) and all(
@@ -125,7 +130,7 @@ def _head_s(tables: ScenarioTables, key: tuple[str, int, int]) -> float | None:
     head = tables.scenario.job.local_head_kind
     if head is None:
         return 0.0
-    row = ProfileIndex(tables.scenario.profiles).get(key[0], head, key[1], key[2])
+    row = profile_index(tables.scenario).get(key[0], head, key[1], key[2])
     return None if row is None else (row.forward_ms + row.backward_ms) * 1e-3
 
 
@@ -139,18 +144,30 @@ def _with_bounds(pipeline: Pipeline, bounds: list[int]) -> Pipeline:
         for s, stage in enumerate(pipeline.stages)]})
 
 
-def _common_split(tables: ScenarioTables, plan: Plan) -> list[int] | None:
+Shape = tuple[tuple[str, int, int], ...]
+"""A pipeline's (gpu_type, micro_batch, tp) per stage."""
+
+
+def _shapes(plan: Plan) -> dict[Shape, int]:
+    """The plan's distinct pipeline shapes, each with its most micro-batches: replicas cost
+    the same, and a replica with fewer micro-batches is never the slowest of its shape."""
+    shapes: dict[Shape, int] = {}
+    for p in plan.pipelines:
+        key = tuple((s.gpu_type, p.micro_batch_size, s.tp) for s in p.stages)
+        shapes[key] = max(shapes.get(key, 0), p.num_micro_batches)
+    return shapes
+
+
+def _common_split(tables: ScenarioTables, shapes: dict[Shape, int], num_pipelines: int
+                  ) -> list[int] | None:
     """Boundaries minimising the slowest (pipeline, stage) time, micro-batches counted, over
     splits where every pipeline's stages fit one micro-batch of activations (`local` keeps
     one in flight) and their state. None when no split fits."""
     num_layers = tables.num_layers
-    depth = len(plan.pipelines[0].stages)
+    depth = len(next(iter(shapes)))
     if depth > num_layers:
         return None
-    per_param = state_bytes_per_param(tables.scenario, len(plan.pipelines)).total
-    # Distinct (stage shapes, micro-batch count) rows: replicas cost the same.
-    shapes = {tuple((s.gpu_type, p.micro_batch_size, s.tp) for s in p.stages): p.num_micro_batches
-              for p in plan.pipelines}
+    per_param = state_bytes_per_param(tables.scenario, num_pipelines).total
     starts = np.arange(num_layers + 1)
     # cost[s][a, e]: slowest time of stage s over layers [a, e) among the shapes, inf if no fit.
     cost = np.zeros((depth, num_layers + 1, num_layers + 1))

@@ -199,6 +199,34 @@ def test_common_blocks_cut_where_the_slowest_pipeline_balances_with_its_head() -
                          [Candidate.of(uneven, quick_s=1.0, origin="hand-made")], 1) == []
 
 
+def test_common_blocks_count_each_shape_at_its_most_micro_batches() -> None:
+    """Two G pipelines with 3 and 1 micro-batches and an H pipeline with 2, H's head 10 ms
+    per micro-batch (G's 1 ms). With n layers on stage 0 the G pipeline of 3 takes
+    max(3 (3n + 1), 9 (8 - n)) ms and H's max(2 (1.5n + 10), 3 (8 - n)): n = 4 (39 ms)
+    is the least. Counting G's shape at 1 micro-batch (its last replica's) would put H's
+    head first and give n = 1, where G's 3 micro-batches take 63 ms."""
+    doc = two_types(8, global_batch_size=6, schedule="local", local_head_kind="h")
+    for row in doc["profiles"]:
+        if row["gpu_type"] == "H" and row["kind"] == "h":
+            row.update(forward_ms=5.0, backward_ms=5.0)
+    scenario = parse_scenario(doc)
+
+    def pipeline(gpu_type: str, gpus: list[str], m: int) -> dict[str, Any]:
+        return {"micro_batch_size": 1, "num_micro_batches": m, "stages": [
+            {"gpu_type": gpu_type, "tp": 1, "gpus": [gpus[0]], "layers": [0, 2]},
+            {"gpu_type": gpu_type, "tp": 1, "gpus": [gpus[1]], "layers": [2, 8]}]}
+
+    mixed = Plan.model_validate({"format": "hetplan-plan/1", "schedule": "local", "pipelines": [
+        pipeline("G", ["n0:0", "n0:1"], 3), pipeline("G", ["n0:2", "n0:3"], 1),
+        pipeline("H", ["n1:0", "n1:1"], 2)]})
+    [shared] = common_blocks(compile_tables(scenario),
+                             [Candidate.of(mixed, quick_s=1.0, origin="hand-made")], None)
+    assert {tuple(s.layers for s in p.stages) for p in shared.plan.pipelines} == {
+        ((0, 4), (4, 8))}
+    evaluation = evaluate(scenario, shared.plan)
+    assert evaluation.valid
+
+
 def test_blocks_are_shared_by_the_best_candidates_that_can_share_them() -> None:
     """The search mixes depths by GPU type: candidates of mixed depths ahead in the quick
     ranking do not use up the limit."""
