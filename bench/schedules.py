@@ -7,8 +7,9 @@ stages (GiB), and planning time, for (a) the job's 1F1B only, (b) schedules
 `local` (tests/data/reference/NAME.local.json where it exists, otherwise a head kind
 added by the rule those vectors state: params 2 * hidden^2, hidden = isqrt(block params /
 12), a row wherever the repeated block kind has one at 15% of its time and 10% of its
-activation bytes). Then planning time of (b) on scenarios scaled to --sizes GPUs, and the
-ratio local / 1F1B for one 4-stage pipeline on 4 GPUs (PPLL's setting).
+activation bytes). Then planning time of (a), (b) and (c) on scenarios scaled to --sizes
+GPUs (in this process, one after the other), and the ratio local / 1F1B for one 4-stage
+pipeline on 4 GPUs (PPLL's setting).
 Usage: python bench/schedules.py [--time-limit S] [--sizes 512] [--scenarios DIR]
 """
 
@@ -105,16 +106,17 @@ def per_scenario(time_limit: float, folder: Path) -> None:
 
 
 def at_scale(sizes: list[int], time_limit: float) -> None:
-    print("\n| scenario | GPUs | 1f1b plan s | widened plan s | 1f1b samples/s | widened "
-          "samples/s |\n|---|---:|---:|---:|---:|---:|")
+    print("\n| scenario | GPUs | 1f1b plan s | widened plan s | local plan s | 1f1b samples/s | "
+          "widened samples/s | local samples/s |\n|---|---:|---:|---:|---:|---:|---:|---:|")
     for name in BASES:
         for size in sizes:
             doc = scaled(name, size)
             one = run(doc, time_limit)
             wide = run(doc, time_limit, **WIDENED)
+            local = run(with_local_head(doc), time_limit)
             gpus = sum(n["gpus"] for n in doc["cluster"]["nodes"])
-            print(f"| {name} | {gpus} | {one[2]:.2f} | {wide[2]:.2f} | {one[0]:.1f} | "
-                  f"{wide[0]:.1f} |", flush=True)
+            print(f"| {name} | {gpus} | {one[2]:.2f} | {wide[2]:.2f} | {local[2]:.2f} | "
+                  f"{one[0]:.1f} | {wide[0]:.1f} | {local[0]:.1f} |", flush=True)
 
 
 def four_stage_ratio(time_limit: float) -> None:
