@@ -64,6 +64,11 @@ EXACT_SHARE = 0.8
 VARIANT_SHARE = 0.25
 """Share of the search's time so far that building and judging schedule variants may add."""
 VARIANT_MIN_S = 0.2
+LOCAL_SHALLOW_STAGES = (2, 4)
+"""Under `local`, the allocation also runs over the templates of at most these many stages."""
+LOCAL_FINALISTS = 4
+"""Under `local`, this many times `finalists` candidates are given a shared split and
+judged: the quick estimate misranks them (it leaves out heads and the shared split)."""
 
 ProgressCallback = Callable[[float, str], None]
 """Called with (fraction done in [0, 1], what the search is doing)."""
@@ -232,6 +237,17 @@ def _searched(
     allocated, proven = allocation_candidates(
         tables, templates, time_limit_s=options.time_limit_s, num_workers=options.num_workers,
         finalists=options.finalists, started=started, report=report, threads=threads)
+    if local:
+        # Every block but the last trains a head, whose time and ring the templates leave
+        # out: the allocation favours deep pipelines. Runs over shallow templates alone
+        # offer the plans of few blocks that this hides.
+        for most in LOCAL_SHALLOW_STAGES:
+            shallow = [t for t in templates if t.num_stages <= most]
+            if shallow and len(shallow) < len(templates):
+                allocated += allocation_candidates(
+                    tables, shallow, time_limit_s=options.time_limit_s,
+                    num_workers=options.num_workers, finalists=options.finalists,
+                    started=started, report=report, threads=threads)[0]
     # Identical replicas of one template, at any count: what one-grid launchers run where
     # the count splits the batch evenly, and at times what the allocation's linear model
     # misses (it mixes templates more finely than their copies need).
@@ -252,7 +268,8 @@ def _searched(
     families = [allocated, replicated, beside.grids]
     if local:
         # Only plans whose pipelines share their blocks are valid: give them one split.
-        candidates = common_blocks(tables, candidates, max_blocks, limit=2 * options.finalists)
+        candidates = common_blocks(tables, candidates, max_blocks,
+                                   limit=LOCAL_FINALISTS * options.finalists)
         families = []
     # The allocation is proven only within its own model (templates, caps), never globally.
     status = PlanStatus.FEASIBLE if proven else PlanStatus.HEURISTIC

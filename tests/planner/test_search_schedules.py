@@ -133,6 +133,27 @@ def test_local_blocks_are_shared_where_the_fastest_types_would_split_differently
     assert evaluate(scenario, result.plan).valid
 
 
+@pytest.mark.parametrize("schedule", ["local", "1f1b"])
+def test_local_jobs_also_allocate_over_shallow_templates(
+        monkeypatch: pytest.MonkeyPatch, schedule: str) -> None:
+    """Every block but the last trains a head that the templates leave out, so the
+    allocation over all of them favours deep pipelines: a local job also gets runs over
+    the templates of at most 2 and at most 4 stages. Other jobs get the one run."""
+    doc = two_types(16, global_batch_size=8, schedule=schedule, local_head_kind="h")
+    scenario = parse_scenario(doc)
+    deepest: list[int] = []
+    real = search_api.allocation_candidates
+
+    def recorded(tables: Any, templates: list[Any], **kwargs: Any) -> Any:
+        deepest.append(max(t.num_stages for t in templates))
+        return real(tables, templates, **kwargs)
+
+    monkeypatch.setattr(search_api, "allocation_candidates", recorded)
+    plan(scenario, SearchOptions(time_limit_s=QUICK))
+    assert deepest[0] > 4  # all templates first
+    assert deepest[1:] == ([2, 4] if schedule == "local" else [])
+
+
 def test_local_in_the_options_of_a_job_that_is_not_local_is_refused() -> None:
     scenario = parse_scenario(deep(4, global_batch_size=8, local_head_kind="h"))
     with pytest.raises(InvalidScenario, match="only a job whose schedule is 'local'"):
