@@ -6,6 +6,7 @@ name says otherwise. `ProfileIndex` answers profile lookups in O(1).
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -89,6 +90,7 @@ def per_scenario(build: Callable[[Scenario], T]) -> Callable[[Scenario], T]:
     alone is kept while the scenario lives."""
     known: dict[int, tuple[weakref.ref[Scenario], T]] = {}
 
+    @functools.wraps(build)
     def cached(scenario: Scenario) -> T:
         key = id(scenario)
         found = known.get(key)
@@ -98,7 +100,6 @@ def per_scenario(build: Callable[[Scenario], T]) -> Callable[[Scenario], T]:
         known[key] = (weakref.ref(scenario, lambda _: known.pop(key, None)), value)
         return value
 
-    cached.__doc__ = build.__doc__
     return cached
 
 

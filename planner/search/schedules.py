@@ -241,11 +241,10 @@ def schedule_variants(
                     evaluation.iteration_s >= (best[1].iteration_s or math.inf)):
                 return None
             repaired = _recompute_where_full(plan, evaluation)
-            # The repair keeps every GPU's layers, so its rings: the sync just found.
-            if repaired is not None and _cannot_win(scenario, repaired,
-                                                    evaluation.sync_s or 0.0, best):
-                return None
             if repaired is not None:
+                # The repair keeps every GPU's layers, so its rings: the sync just found.
+                if _cannot_win(scenario, repaired, evaluation.sync_s or 0.0, best):
+                    return None
                 plan, origin = repaired, f"{origin}, recomputation where memory is full"
                 evaluation = evaluate(scenario, plan)
         if not evaluation.valid or evaluation.iteration_s is None:
