@@ -50,7 +50,6 @@ from planner.search.schedules import (
     base_scenario,
     common_blocks,
     schedule_variants,
-    within_block_cap,
 )
 from planner.search.tables import ScenarioTables, compile_tables
 from planner.search.templates import generate_templates
@@ -192,7 +191,8 @@ def _plan(
         check_launcher(options.launcher)
     # An interleaved job is searched as 1F1B (v = 1), its chunks chosen afterwards.
     searched = base_scenario(scenario)
-    tables = compile_tables(searched)
+    # Under `local`, the user's cap on blocks bounds every pipeline the search builds.
+    tables = compile_tables(searched, max_stages=options.max_local_blocks if local else None)
     _check_feasible(tables)
     # The per-type baseline, the costliest, needs no template: started first, beside
     # everything that follows, and the grids after it (they rank tp by its templates).
@@ -225,9 +225,6 @@ def _searched(
         templates += [t for t in generate_templates(tables, searched.job.schedule,
                                                     num_pipelines_hint=8, two_segment=False)
                       if t.signature not in known]
-    max_blocks = options.max_local_blocks if local else None
-    if max_blocks is not None:
-        templates = [t for t in templates if len(t.stages) <= max_blocks]
     templates = pareto(prune(templates), [c.key for c in tables.classes], num_pipelines=8)
     report(0.3, f"allocating GPUs over {len(templates)} pipeline templates")
     # A forked child runs the per-type baseline on a core of its own: allocation threads
@@ -268,16 +265,13 @@ def _searched(
     families = [allocated, replicated, beside.grids]
     if local:
         # Only plans whose pipelines share their blocks are valid: give them one split.
-        candidates = common_blocks(tables, candidates, max_blocks,
-                                   limit=LOCAL_FINALISTS * options.finalists)
+        candidates = common_blocks(tables, candidates, limit=LOCAL_FINALISTS * options.finalists)
         families = []
     # The allocation is proven only within its own model (templates, caps), never globally.
     status = PlanStatus.FEASIBLE if proven else PlanStatus.HEURISTIC
     report(0.8, f"judging {min(len(candidates), options.finalists)} finalists")
-    admissible = None if max_blocks is None else (
-        lambda plan_doc: within_block_cap(plan_doc, max_blocks))
     best, evaluation, baseline_rates, runners_up = judge(
-        searched, candidates, families, baselines, admissible,
+        searched, candidates, families, baselines,
         # The quick estimates leave out what local learning adds (heads, their rings) and
         # the shared split: every plan given one is judged.
         limit=len(candidates) if local else options.finalists,

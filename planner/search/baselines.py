@@ -70,7 +70,7 @@ def _homogeneous(ctx: TemplateContext) -> Iterator[Replicas]:
             if (gpu_type, b, tp) not in tables.points or tp > cls.largest_node:
                 continue
             shape = StageShape(resource=cls.key, tp=tp)
-            for depth in range(1, min(tables.num_layers, cls.slots(tp)) + 1):
+            for depth in range(1, min(tables.max_stages, cls.slots(tp)) + 1):
                 most = cls.slots(tp) // depth
                 # Under ZeRO the state shrinks with the number of pipelines: check at the most.
                 template = ctx.even_run(shape, b, depth,
@@ -95,7 +95,7 @@ def _unaware(ctx: TemplateContext) -> Iterator[Replicas]:
                 continue
             per_pipeline = {key: count // (n * tp) for key, count in gpus.items()}
             depth = sum(per_pipeline.values())
-            if depth > tables.num_layers:
+            if depth > tables.max_stages:
                 continue
             for order in _type_orders(tables, list(per_pipeline)):
                 shapes = [StageShape(resource=key, tp=tp)

@@ -220,7 +220,7 @@ def _least(ctx: TemplateContext, subset: tuple[ResourceClass, ...],
         choice, count = np.nonzero(valid)  # row-major: ties keep this order below
         stages = slots[choice] // n[count][:, None]  # (structures, classes)
         depth = stages.sum(axis=1)
-        short = (depth <= tables.num_layers) & (stages.min(axis=1) >= 1)
+        short = (depth <= tables.max_stages) & (stages.min(axis=1) >= 1)
         choice, count, stages, depth = choice[short], count[short], stages[short], depth[short]
         if not len(choice):
             continue

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
 
-from planner.documents import Plan, Scenario
+from planner.documents import Scenario
 from planner.estimate import Evaluation, evaluate
 from planner.search.drafts import Candidate
 from planner.search.polish import polish_plan
@@ -85,7 +84,6 @@ def judge(
     candidates: list[Candidate],
     families: list[list[Candidate]],
     baselines: dict[str, Judged],
-    admissible: Callable[[Plan], bool] | None,
     *,
     limit: int,
     started: float,
@@ -94,8 +92,7 @@ def judge(
 ) -> tuple[Candidate | None, Evaluation | None, dict[str, float | None],
            list[tuple[Candidate, Evaluation]]]:
     """The best valid plan (its batch shares and split then refined), each baseline's rate,
-    and the runners-up, best first. `admissible` rules plans out beyond validity; `known`
-    holds candidates' evaluations computed before."""
+    and the runners-up, best first. `known` holds candidates' evaluations computed before."""
     known = dict(known or {})
     known.update((id(c), e) for group in baselines.values() for c, e in group if e is not None)
     chosen = finalists(candidates, families, limit)
@@ -107,8 +104,7 @@ def judge(
         if evaluation is None or id(candidate) in seen:
             continue
         seen.add(id(candidate))
-        if evaluation.valid and evaluation.iteration_s is not None and (
-                admissible is None or admissible(candidate.plan)):
+        if evaluation.valid and evaluation.iteration_s is not None:
             valid.append((evaluation.iteration_s, candidate, evaluation))
     valid.sort(key=lambda v: v[0])
     for _, candidate, evaluation in valid[:REFINED]:

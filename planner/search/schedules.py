@@ -37,7 +37,6 @@ __all__ = [
     "LOCAL_TRAINING_NOTE",
     "allowed_schedules",
     "base_scenario",
-    "within_block_cap",
     "common_blocks",
     "schedule_variants",
 ]
@@ -84,24 +83,20 @@ def base_scenario(scenario: Scenario) -> Scenario:
     return scenario.model_copy(update={"job": job})
 
 
-def within_block_cap(plan: Plan, max_blocks: int | None) -> bool:
-    return max_blocks is None or all(len(p.stages) <= max_blocks for p in plan.pipelines)
-
-
 # --- local learning: one set of blocks for every pipeline -------------------------------
 
 
 def common_blocks(
-    tables: ScenarioTables, candidates: Iterable[Candidate], max_blocks: int | None,
-    limit: int | None = None,
+    tables: ScenarioTables, candidates: Iterable[Candidate], limit: int | None = None,
 ) -> list[Candidate]:
-    """Of the candidates whose pipelines all have the same depth (at most `max_blocks`), the
-    `limit` of least quick estimate (all where None), each with one layer split shared by
-    all its pipelines; the others are dropped (no `local` plan). The search mixes depths
-    by GPU type: only the candidates that can take a shared split count toward `limit`."""
+    """Of the candidates whose pipelines all have the same depth, the `limit` of least quick
+    estimate (all where None), each with one layer split shared by all its pipelines; the
+    others are dropped (no `local` plan). The search mixes depths by GPU type: only the
+    candidates that can take a shared split count toward `limit`. (The user's cap on blocks
+    needs no check here: `tables.max_stages` bounds every pipeline the search builds.)"""
     eligible = sorted((c for c in candidates
-                       if len({len(p.stages) for p in c.plan.pipelines}) == 1
-                       and within_block_cap(c.plan, max_blocks)), key=lambda c: c.quick_s)
+                       if len({len(p.stages) for p in c.plan.pipelines}) == 1),
+                      key=lambda c: c.quick_s)
     out = []
     splits: dict[tuple[object, ...], list[int] | None] = {}  # placements of one plan repeat
     for candidate in eligible[:limit]:

@@ -76,6 +76,9 @@ class ScenarioTables:
     classes: tuple[ResourceClass, ...]
     capacity_bytes: dict[str, float]
     """Per GPU type: memory minus the reserved part."""
+    max_stages: int
+    """The deepest pipeline any part of the search builds: the layer count, or the user's
+    cap on a `local` job's blocks where lower."""
     matrices: dict[tuple[object, ...], object] = field(default_factory=dict)
     """Stage cost and fit matrices of the partition DP, shared by every sweep of a search."""
 
@@ -103,7 +106,7 @@ class ScenarioTables:
         return float(self.params[end] - self.params[start]) / tp * per_param
 
 
-def compile_tables(scenario: Scenario) -> ScenarioTables:
+def compile_tables(scenario: Scenario, *, max_stages: int | None = None) -> ScenarioTables:
     profiles = profile_index(scenario)
     layers = scenario.model.layers
     kinds = set(layers)
@@ -123,6 +126,7 @@ def compile_tables(scenario: Scenario) -> ScenarioTables:
                 backward_s=_prefix(backward), activation_bytes=_prefix(acts))
     return ScenarioTables(
         scenario=scenario, num_layers=len(layers), params=_prefix(kind_params),
+        max_stages=len(layers) if max_stages is None else min(max_stages, len(layers)),
         output_bytes=output_bytes, points=points, classes=_resource_classes(scenario),
         capacity_bytes={
             t: g.memory_gib * GIB - scenario.reserved_gib(t) * GIB

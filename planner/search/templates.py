@@ -310,7 +310,7 @@ def _homogeneous(
     for cls in ctx.tables.classes:
         for b, tp in _points(ctx, cls):
             shape = StageShape(resource=cls.key, tp=tp)
-            max_stages = min(limits.max_stages, cls.slots(tp), ctx.tables.num_layers)
+            max_stages = min(limits.max_stages, cls.slots(tp), ctx.tables.max_stages)
             sweep = SuffixSweep(ctx.tables, blocking=ctx.blocking, num_pipelines=num_pipelines)
             sweep_together([sweep], [functools.partial(_run_spec, ctx, cls, shape, b, 0)],
                            [max_stages])
@@ -346,7 +346,7 @@ def _every_depth(
         for t in homogeneous_templates(ctx, cls, limits=limits)}
     for b, tp in _points(ctx, cls):
         shape = StageShape(resource=cls.key, tp=tp)
-        max_stages = min(limits.max_stages, cls.slots(tp), ctx.tables.num_layers)
+        max_stages = min(limits.max_stages, cls.slots(tp), ctx.tables.max_stages)
         # Pipelines are placed stage after stage, node after node: a transfer crosses nodes
         # after every `per_node` stages from the front. Counted from the end, as the DP
         # sweeps, that pattern depends on the depth modulo `per_node`: one sweep each.
@@ -498,7 +498,7 @@ def _back_segments(
     """The back stages of two-segment pipelines, swept once for every front class, and how
     many of them a front stage can still be put before."""
     back_shape = StageShape(resource=back.key, tp=tp_back)
-    max_back = min(max(limits.tail_stage_counts), back.slots(tp_back), ctx.tables.num_layers - 1)
+    max_back = min(max(limits.tail_stage_counts), back.slots(tp_back), ctx.tables.max_stages - 1)
     sweep = SuffixSweep(ctx.tables, blocking=ctx.blocking, num_pipelines=num_pipelines)
     for num_back in range(1, max_back + 1):
         inner = (num_back + 1) * tp_back <= back.largest_node and tp_back * 2 <= back.largest_node
@@ -527,7 +527,7 @@ def _tails(
     for num_back in sorted({n for n in limits.tail_stage_counts if n <= usable}):
         for tp_front in front_tps:
             max_front = min(limits.max_stages - num_back, front.slots(tp_front),
-                            ctx.tables.num_layers - num_back,
+                            ctx.tables.max_stages - num_back,
                             deepest.get((front.key, b, tp_front), 1) + 1)
             # The last back stage kept receives from the front segment over `crossing`.
             tails.append(_Tail(sweep=backs.branch(crossing, keep=num_back), front=front,

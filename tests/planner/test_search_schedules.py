@@ -15,8 +15,10 @@ from planner.documents import Plan, Scenario, Schedule
 from planner.errors import Infeasible, InvalidScenario
 from planner.estimate import Evaluation
 from planner.search import api as search_api
+from planner.search.baselines import launcher_baselines, per_type_candidates
 from planner.search.drafts import Candidate
 from planner.search.exact import TooLargeForExact
+from planner.search.grids import grid_candidates
 from planner.search.schedules import (
     LOCAL_TRAINING_NOTE,
     _micro_batches_for_interleaving,
@@ -24,6 +26,7 @@ from planner.search.schedules import (
     schedule_variants,
 )
 from planner.search.tables import compile_tables
+from planner.search.templates import generate_templates
 from tests.planner import scenarios as hand
 from tests.planner.scenarios import deep
 
@@ -212,12 +215,10 @@ def test_common_blocks_cut_where_the_slowest_pipeline_balances_with_its_head() -
         pipeline("G", "n0", 2), pipeline("H", "n1", 6)]})
     assert not evaluate(scenario, uneven).valid  # the blocks differ
     [shared] = common_blocks(compile_tables(scenario),
-                             [Candidate.of(uneven, quick_s=1.0, origin="hand-made")], None)
+                             [Candidate.of(uneven, quick_s=1.0, origin="hand-made")])
     assert [[s.layers for s in p.stages] for p in shared.plan.pipelines] == [
         [(0, 4), (4, 8)], [(0, 4), (4, 8)]]
     assert evaluate(scenario, shared.plan).valid
-    assert common_blocks(compile_tables(scenario),
-                         [Candidate.of(uneven, quick_s=1.0, origin="hand-made")], 1) == []
 
 
 def test_common_blocks_count_each_shape_at_its_most_micro_batches() -> None:
@@ -241,7 +242,7 @@ def test_common_blocks_count_each_shape_at_its_most_micro_batches() -> None:
         pipeline("G", ["n0:0", "n0:1"], 3), pipeline("G", ["n0:2", "n0:3"], 1),
         pipeline("H", ["n1:0", "n1:1"], 2)]})
     [shared] = common_blocks(compile_tables(scenario),
-                             [Candidate.of(mixed, quick_s=1.0, origin="hand-made")], None)
+                             [Candidate.of(mixed, quick_s=1.0, origin="hand-made")])
     assert {tuple(s.layers for s in p.stages) for p in shared.plan.pipelines} == {
         ((0, 4), (4, 8))}
     evaluation = evaluate(scenario, shared.plan)
@@ -265,10 +266,30 @@ def test_blocks_are_shared_by_the_best_candidates_that_can_share_them() -> None:
 
     mixed = [candidate([2, 4], 1.0), candidate([4, 2], 1.5)]
     same = [candidate([2, 2], 3.0), candidate([4, 4], 2.0)]
-    shared = common_blocks(compile_tables(scenario), [*mixed, *same], None, limit=1)
+    shared = common_blocks(compile_tables(scenario), [*mixed, *same], limit=1)
     assert [c.origin for c in shared] == ["depths [4, 4]"]
-    assert [c.origin for c in common_blocks(compile_tables(scenario), [*mixed, *same], 3)] == [
-        "depths [2, 2]"]  # at most 3 blocks
+
+
+@pytest.mark.parametrize("max_blocks", [1, 3])
+def test_every_candidate_source_builds_within_the_block_cap(max_blocks: int) -> None:
+    """The cap bounds what is built, not only what is kept: the templates, the per-type
+    baseline, the launcher baselines and the grids of a fleet that could host 16 blocks
+    build none deeper (and so cost less time than uncapped)."""
+    doc = two_types(16, global_batch_size=16, schedule="local", local_head_kind="h")
+    scenario = parse_scenario(doc)
+    uncapped = compile_tables(scenario)
+    capped = compile_tables(scenario, max_stages=max_blocks)
+    assert (uncapped.max_stages, capped.max_stages) == (16, max_blocks)
+
+    def depths(tables: Any) -> set[int]:
+        templates = generate_templates(tables, Schedule.LOCAL)
+        candidates = [*per_type_candidates(tables), *grid_candidates(tables),
+                      *(c for group in launcher_baselines(tables).values() for c in group)]
+        return ({t.num_stages for t in templates}
+                | {len(p.stages) for c in candidates for p in c.plan.pipelines})
+
+    assert max(depths(uncapped)) > max_blocks  # the fleet would build deeper
+    assert max(depths(capped)) <= max_blocks
 
 
 def test_a_local_plan_is_the_best_of_the_candidates_given_shared_blocks(
