@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections import Counter
 from collections.abc import Iterator
@@ -25,7 +26,7 @@ from planner.search.drafts import (
 )
 from planner.search.per_type import class_options, per_type_choices
 from planner.search.tables import ResourceClass, ScenarioTables
-from planner.search.templates import StageShape, TemplateContext, even_bounds
+from planner.search.templates import PipelineTemplate, StageShape, TemplateContext, even_bounds
 
 __all__ = ["as_per_type", "launcher_baselines", "per_type_candidates"]
 
@@ -50,6 +51,7 @@ def per_type_candidates(tables: ScenarioTables) -> list[Candidate]:
 
 def as_per_type(homogeneous: Candidate) -> Candidate:
     return Candidate(build=homogeneous.build, quick_s=homogeneous.quick_s,
+                     known_depths=homogeneous.known_depths,
                      origin=homogeneous.origin.replace("homogeneous baseline",
                                                        "per-type baseline (one type)"))
 
@@ -70,15 +72,24 @@ def _homogeneous(ctx: TemplateContext) -> Iterator[Replicas]:
             if (gpu_type, b, tp) not in tables.points or tp > cls.largest_node:
                 continue
             shape = StageShape(resource=cls.key, tp=tp)
+            # Every micro-batch passes every layer, and some stage of an even split holds at
+            # least 1/depth of the compute: no pipeline of m micro-batches takes less than
+            # max(1, m / depth) times the whole model's.
+            whole_s = float(tables.points[(gpu_type, b, tp)].compute_s[-1])
             for depth in range(1, min(tables.max_stages, cls.slots(tp)) + 1):
                 most = cls.slots(tp) // depth
                 # Under ZeRO the state shrinks with the number of pipelines: check at the most.
-                template = ctx.even_run(shape, b, depth,
-                                        same_node_links=depth * tp <= cls.largest_node,
-                                        num_pipelines=max(most, 1))
-                if template is None:
-                    continue
-                yield template, range(most, 0, -1), f"homogeneous baseline ({gpu_type})"
+                yield Replicas(
+                    build=functools.partial(ctx.even_run, shape, b, depth,
+                                            same_node_links=depth * tp <= cls.largest_node,
+                                            num_pipelines=max(most, 1)),
+                    micro_batch=b, counts=range(most, 0, -1),
+                    origin=f"homogeneous baseline ({gpu_type})",
+                    floor_s=functools.partial(_floor_s, whole_s, depth))
+
+
+def _floor_s(whole_s: float, depth: int, num_micro_batches: int) -> float:
+    return max(1.0, num_micro_batches / depth) * whole_s
 
 
 def _unaware(ctx: TemplateContext) -> Iterator[Replicas]:
@@ -104,7 +115,12 @@ def _unaware(ctx: TemplateContext) -> Iterator[Replicas]:
                 template = ctx.fixed(shapes, b, even_bounds(tables.num_layers, depth),
                                      same_node_links=fits_node, num_pipelines=n)
                 if template is not None:
-                    yield template, [n], "unaware baseline"
+                    yield Replicas(build=functools.partial(_built, template), micro_batch=b,
+                                   counts=[n], origin="unaware baseline")
+
+
+def _built(template: PipelineTemplate) -> PipelineTemplate:
+    return template
 
 
 def _type_orders(

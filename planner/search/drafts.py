@@ -56,10 +56,19 @@ class Candidate:
     build: Callable[[], Plan]
     quick_s: float
     origin: str
+    known_depths: frozenset[int] | None = None
+    """Its pipelines' stage counts where known before the plan is built."""
 
     @functools.cached_property
     def plan(self) -> Plan:
         return self.build()
+
+    @property
+    def depths(self) -> frozenset[int]:
+        """Its pipelines' stage counts (without building the plan where they are known)."""
+        if self.known_depths is None:
+            self.known_depths = frozenset(len(p.stages) for p in self.plan.pipelines)
+        return self.known_depths
 
     @staticmethod
     def of(plan: Plan, *, quick_s: float, origin: str) -> Candidate:
@@ -112,8 +121,18 @@ def _replica_micro_batches(
     return m
 
 
-Replicas = tuple[PipelineTemplate, Iterable[int], str]
-"""A template, the replica counts to draft, most first, and the drafts' origin."""
+@dataclass(frozen=True, kw_only=True)
+class Replicas:
+    """Identical replicas of one template at several counts, most first. The template is
+    built only once some count could contend: `floor_s(m)` bounds one pipeline's time for
+    m micro-batches from below without it (the baselines offer thousands of templates, and
+    under `local`, where every depth fits memory, nine in ten cannot contend)."""
+
+    build: Callable[[], PipelineTemplate | None]
+    micro_batch: int
+    counts: Iterable[int]
+    origin: str
+    floor_s: Callable[[int], float] = lambda m: 0.0
 
 
 def contending_replicas(tables: ScenarioTables, offers: Iterable[Replicas], keep: int,
@@ -127,15 +146,23 @@ def contending_replicas(tables: ScenarioTables, offers: Iterable[Replicas], keep
     kept: list[Draft] = []
     ranked: list[float] = []  # negated rough times of the `keep` least so far (a max-heap)
     least = math.inf
-    for template, counts, origin in offers:
-        for n in counts:
-            m = _replica_micro_batches(tables, template, n)
-            if m is None:
+    batch = tables.scenario.job.global_batch_size
+    for offer in offers:
+        template: PipelineTemplate | None = None
+        for n in offer.counts:
+            if batch % (n * offer.micro_batch):
                 continue
+            m = batch // (n * offer.micro_batch)
             bound = min(-ranked[0] if len(ranked) == keep else math.inf, least * slack)
+            if offer.floor_s(m) > bound:
+                break
+            if template is None and (template := offer.build()) is None:
+                break
+            if template.max_micro_batches is not None and m > template.max_micro_batches:
+                continue
             if pipeline_s(tables, template, m) > bound:
                 break
-            found = _draft(tables, [template] * n, [m] * n, origin)
+            found = _draft(tables, [template] * n, [m] * n, offer.origin)
             kept.append(found)
             least = min(least, found.rough_s)
             heapq.heappush(ranked, -found.rough_s)
@@ -212,6 +239,7 @@ def realize(tables: ScenarioTables, chosen: Draft) -> list[Candidate]:
         build = functools.partial(build_plan, chosen.pipelines, chosen.micro_batches, gpus,
                                   tables.scenario.job.schedule)
         out.append(Candidate(build=build, quick_s=quick,
+                             known_depths=frozenset(t.num_stages for t in chosen.pipelines),
                              origin=f"{chosen.origin}, {kind}-major placement"))
     return out
 

@@ -643,22 +643,24 @@ def fixed_partition(
     """Stage times of a given split, or None if a stage does not fit in memory."""
     depth = len(specs_from_end)
     per_param = state_bytes_per_param(tables.scenario, num_pipelines).total
+    params, output = tables.params_at, tables.output_at
     stage_s = []
     for s in range(depth):
         spec = specs_from_end[depth - s - 1]
         point = spec.point
         start, end = bounds[s], bounds[s + 1]
-        state = float(tables.params[end] - tables.params[start]) / point.tp * per_param
-        acts = float(point.activation_bytes[end] - point.activation_bytes[start]) * spec.in_flight
+        acts_at = point.activation_at
+        state = (params[end] - params[start]) / point.tp * per_param
+        acts = (acts_at[end] - acts_at[start]) * spec.in_flight
         if end <= start or state + acts > tables.capacity_bytes[point.gpu_type]:
             return None
-        seconds = float(point.compute_s[end] - point.compute_s[start])
+        seconds = point.compute_at[end] - point.compute_at[start]
         if blocking:
             link_out = specs_from_end[depth - s - 2].link_in if s < depth - 1 else None
             for link, layer in ((spec.link_in if s > 0 else None, start - 1),
                                 (link_out, end - 1)):
                 if link is not None:
-                    seconds += 2 * (link.latency_s + tables.output_bytes[layer]
+                    seconds += 2 * (link.latency_s + output[layer]
                                     * point.micro_batch / link.bytes_per_s)
         stage_s.append(seconds)
     return Partition(bounds=tuple(bounds), stage_s=tuple(stage_s))

@@ -19,6 +19,7 @@ widen that without touching them:
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -94,17 +95,16 @@ def common_blocks(
     others are dropped (no `local` plan). The search mixes depths by GPU type: only the
     candidates that can take a shared split count toward `limit`. (The user's cap on blocks
     needs no check here: `tables.max_stages` bounds every pipeline the search builds.)"""
-    eligible = sorted((c for c in candidates
-                       if len({len(p.stages) for p in c.plan.pipelines}) == 1),
-                      key=lambda c: c.quick_s)
+    eligible = sorted((c for c in candidates if len(c.depths) == 1), key=lambda c: c.quick_s)
     out = []
     splits: dict[tuple[object, ...], list[int] | None] = {}  # placements of one plan repeat
+    stage_costs: dict[tuple[object, ...], np.ndarray | None] = {}
     for candidate in eligible[:limit]:
         plan = candidate.plan
         shapes = _shapes(plan)
         key = (tuple(sorted(shapes.items())), len(plan.pipelines))
         if key not in splits:
-            splits[key] = _common_split(tables, shapes, len(plan.pipelines))
+            splits[key] = _common_split(tables, shapes, len(plan.pipelines), stage_costs)
         bounds = splits[key]
         if bounds is None:
             continue
@@ -153,32 +153,51 @@ def _shapes(plan: Plan) -> dict[Shape, int]:
     return shapes
 
 
-def _common_split(tables: ScenarioTables, shapes: dict[Shape, int], num_pipelines: int
-                  ) -> list[int] | None:
+def _common_split(tables: ScenarioTables, shapes: dict[Shape, int], num_pipelines: int,
+                  stage_costs: dict[tuple[object, ...], np.ndarray | None]) -> list[int] | None:
     """Boundaries minimising the slowest (pipeline, stage) time, micro-batches counted, over
     splits where every pipeline's stages fit one micro-batch of activations (`local` keeps
-    one in flight) and their state. None when no split fits."""
+    one in flight) and their state. None when no split fits. `stage_costs` memoises the
+    cost matrices of one search's calls (most stages of most candidates repeat a few)."""
     num_layers = tables.num_layers
     depth = len(next(iter(shapes)))
     if depth > num_layers:
         return None
     per_param = state_bytes_per_param(tables.scenario, num_pipelines).total
-    starts = np.arange(num_layers + 1)
-    # cost[s][a, e]: slowest time of stage s over layers [a, e) among the shapes, inf if no fit.
-    cost = np.zeros((depth, num_layers + 1, num_layers + 1))
-    span = starts[None, :] - starts[:, None]  # e - a
-    for points, m in shapes.items():
-        for s, key in enumerate(points):
+
+    def one(key: tuple[str, int, int], m: int, last: bool) -> np.ndarray | None:
+        """[a, e]: time of a stage at `key` over layers [a, e), inf where it does not fit."""
+        memo = (key, m, last, per_param)
+        if memo not in stage_costs:
             point = tables.points.get(key)
-            head_s = 0.0 if s == depth - 1 else _head_s(tables, key)
+            head_s = 0.0 if last else _head_s(tables, key)
             if point is None or head_s is None:
-                return None
-            time_s = m * (point.compute_s[None, :] - point.compute_s[:, None] + head_s)
-            acts = point.activation_bytes[None, :] - point.activation_bytes[:, None]
-            state = (tables.params[None, :] - tables.params[:, None]) / key[2] * per_param
-            fits = acts + state <= tables.capacity_bytes[key[0]]
-            cost[s] = np.maximum(cost[s], np.where(fits, time_s, np.inf))
-    cost[:, span <= 0] = np.inf
+                stage_costs[memo] = None
+            else:
+                time_s = m * (point.compute_s[None, :] - point.compute_s[:, None] + head_s)
+                acts = point.activation_bytes[None, :] - point.activation_bytes[:, None]
+                state = (tables.params[None, :] - tables.params[:, None]) / key[2] * per_param
+                fits = (acts + state <= tables.capacity_bytes[key[0]]) & (
+                    np.arange(num_layers + 1)[None, :] > np.arange(num_layers + 1)[:, None])
+                stage_costs[memo] = np.where(fits, time_s, np.inf)
+        return stage_costs[memo]
+
+    def slowest(s: int) -> np.ndarray | None:
+        """[a, e]: the slowest of the shapes' stage s over layers [a, e)."""
+        column = tuple(sorted({(points[s], m) for points, m in shapes.items()}))
+        memo = ("column", column, s == depth - 1, per_param)
+        if memo not in stage_costs:
+            matrices = [one(key, m, s == depth - 1) for key, m in column]
+            stage_costs[memo] = None if any(x is None for x in matrices) else functools.reduce(
+                np.maximum, matrices)  # type: ignore[arg-type]
+        return stage_costs[memo]
+
+    cost = []
+    for s in range(depth):
+        matrix = slowest(s)
+        if matrix is None:
+            return None
+        cost.append(matrix)
     # best[s][e]: least bottleneck of stages 0..s covering [0, e).
     best = np.full((depth, num_layers + 1), np.inf)
     arg = np.zeros((depth, num_layers + 1), dtype=int)

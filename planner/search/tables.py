@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -30,6 +31,15 @@ class PointCosts:
     forward_s: np.ndarray
     backward_s: np.ndarray
     activation_bytes: np.ndarray
+
+    # Python lists of the same sums: loops over a few stages read them faster than arrays.
+    @functools.cached_property
+    def compute_at(self) -> list[float]:
+        return cast(list[float], self.compute_s.tolist())
+
+    @functools.cached_property
+    def activation_at(self) -> list[float]:
+        return cast(list[float], self.activation_bytes.tolist())
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,6 +91,15 @@ class ScenarioTables:
     cap on a `local` job's blocks where lower."""
     matrices: dict[tuple[object, ...], object] = field(default_factory=dict)
     """Stage cost and fit matrices of the partition DP, shared by every sweep of a search."""
+
+    @functools.cached_property
+    def params_at(self) -> list[float]:
+        """`params` as a list (read a few at a time in Python loops)."""
+        return cast(list[float], self.params.tolist())
+
+    @functools.cached_property
+    def output_at(self) -> list[float]:
+        return cast(list[float], self.output_bytes.tolist())
 
     @functools.cached_property
     def resource_rows(self) -> dict[tuple[tuple[str, str | None], int], int]:

@@ -162,8 +162,6 @@ class TemplateContext:
         self._rings: dict[ClassKey, tuple[float, float]] = {}
         self._links: dict[tuple[ClassKey, ClassKey, bool], LinkCost] = {}
         self._runs: dict[tuple[StageShape, int, LinkCost], list[StageSpec]] = {}
-        # Python floats: templates read a few of them each, thousands of times.
-        self.params_at: list[float] = tables.params.tolist()
 
     def link(self, front: ClassKey, back: ClassKey, *, same_node: bool) -> LinkCost:
         key = (front, back, same_node)
@@ -364,8 +362,11 @@ def _every_depth(
                    and unsharded.get((b, tp, d)) != sweep.depth_bottleneck(d)]
                   for r, sweep in enumerate(sweeps)]
         parts: dict[int, Partition | None] = {}
-        for found in extract_light_together(sweeps, wanted):
-            parts.update(found)
+        if ctx.schedule is Schedule.LOCAL:
+            parts = {d: sweeps[r].extract(d) for r, ds in enumerate(wanted) for d in ds}
+        else:
+            for found in extract_light_together(sweeps, wanted):
+                parts.update(found)
         for depth in sorted(parts):
             part = parts[depth]
             if part is not None:
@@ -590,13 +591,13 @@ def template_from_partition(
         for s in range(depth - 1):
             link = specs[depth - s - 2].link_in
             assert link is not None
-            fill += 2 * (link.latency_s + tables.output_bytes[part.bounds[s + 1] - 1] * b
+            fill += 2 * (link.latency_s + tables.output_at[part.bounds[s + 1] - 1] * b
                          / link.bytes_per_s)
     max_m = _gpipe_limit(ctx, part, stages, b) if ctx.schedule is Schedule.GPIPE else None
     if max_m is not None and max_m < 1:
         return None
     grad_bytes = ctx.scenario.job.grad_bytes
-    params_at, bounds = ctx.params_at, part.bounds
+    params_at, bounds = ctx.tables.params_at, part.bounds
     rings = {shape: (shape.tp, *ctx.ring(shape.resource)) for shape in dict.fromkeys(stages)}
     sync_parts = tuple(
         ((params_at[end] - params_at[start]) * grad_bytes / tp / bandwidth, latency * (end - start))
