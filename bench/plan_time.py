@@ -9,7 +9,8 @@ pays once.
 With --schedules 1f1b,interleaved-1f1b --recompute the searches may also choose
 interleaving and recomputation (issue: planning time with the extra schedules allowed).
 Usage: python bench/plan_time.py [--sizes 64,512,4096,8192] [--time-limit S] [--repeats N]
-       [--schedules LIST] [--recompute]
+       [--schedules LIST] [--recompute] [--local]
+With --local every input is planned as a local-learning job (`job.schedule` local).
 """
 
 from __future__ import annotations
@@ -66,13 +67,19 @@ def scaled(name: str, total_gpus: int) -> dict:
 
 
 def child(name: str, size: int, time_limit: float, schedules: str | None,
-          recompute: bool) -> None:
+          recompute: bool, local: bool) -> None:
     started = time.perf_counter()
     from planner import SearchOptions, parse_scenario, plan
     from planner.documents import Schedule
 
     import_s = time.perf_counter() - started
-    scenario = parse_scenario(scaled(name, size))
+    doc = scaled(name, size)
+    if local:
+        sys.path.insert(0, str(ROOT))
+        from bench.schedules import with_local_head
+
+        doc = with_local_head(doc)
+    scenario = parse_scenario(doc)
     allowed = () if schedules is None else tuple(Schedule(s) for s in schedules.split(","))
     started = time.perf_counter()
     result = plan(scenario, SearchOptions(time_limit_s=time_limit, schedules=allowed,
@@ -108,18 +115,22 @@ def main() -> None:
     parser.add_argument("--schedules", default=None,
                         help="schedules the search may choose, comma-separated")
     parser.add_argument("--recompute", action="store_true")
+    parser.add_argument("--local", action="store_true",
+                        help="plan each input as a local-learning job (its head derived as "
+                             "bench/schedules.py derives it)")
     parser.add_argument("--child", nargs=2)
     args = parser.parse_args()
     if args.child:
         child(args.child[0], int(args.child[1]), args.time_limit, args.schedules,
-              args.recompute)
+              args.recompute, args.local)
         return
     extra = ([] if args.schedules is None else ["--schedules", args.schedules]) + (
-        ["--recompute"] if args.recompute else [])
+        ["--recompute"] if args.recompute else []) + (["--local"] if args.local else [])
     print(f"machine: {platform.machine()}, Python {platform.python_version()}, "
           f"date {time.strftime('%Y-%m-%d')}, time limit {args.time_limit} s, "
           f"{args.repeats} fresh processes per row, speed index {speed_index():.2f} s, "
-          f"schedules {args.schedules or 'of the job'}{', recompute' if args.recompute else ''}\n")
+          f"schedules {args.schedules or 'of the job'}{', recompute' if args.recompute else ''}"
+          f"{', local-learning jobs' if args.local else ''}\n")
     print("| base scenario | types | layers | GPUs | plan s (best) | plan s (median) | "
           "import s | peak RSS MiB | samples/s |")
     print("|---|---|---|---|---|---|---|---|---|")

@@ -251,12 +251,11 @@ def _searched(
     replicated = launcher_candidates(tables, templates, even=False)
     candidates = [*allocated, *replicated]
     report(0.7, "building baselines")
-    baselines = {name: judged(searched, group)
-                 for name, group in launcher_baselines(tables).items()}
     waited = _while_waiting(beside_ready, searched, allowed,
                             [] if local else sorted([*allocated, *replicated],
                                                     key=lambda c: c.quick_s)[:options.finalists])
     beside = beside_ready.result()
+    baselines = dict(beside.launchers)
     baselines["per_type"] = sorted(
         beside.per_type + [(as_per_type(c), e) for c, e in baselines["homogeneous"]],
         key=lambda judged: judged[0].quick_s)
@@ -418,18 +417,23 @@ def _check_feasible(tables: ScenarioTables) -> None:
 
 @dataclass(frozen=True)
 class Beside:
-    """What runs beside the search: the per-type baseline, judged, and the grids. From a
-    forked child the candidates come unbuilt, as their templates and placements: the
-    parent builds the plan of the few it reads (building and pickling every plan document
-    took 0.07-0.1 s of the child's path at 512 GPUs, BENCHMARKS 3)."""
+    """What runs beside the search: the baselines, judged, and the grids. From a forked
+    child the candidates come unbuilt, as their templates and placements: the parent builds
+    the plan of the few it reads (building and pickling every plan document took 0.07-0.1 s
+    of the child's path at 512 GPUs, BENCHMARKS 3)."""
 
     per_type: Judged
     grids: list[Candidate]
+    launchers: dict[str, Judged]
+    """The `homogeneous` and `unaware` baselines (here rather than on the search's path,
+    which was the longer one at 512 GPUs, BENCHMARKS 3)."""
 
 
 def _beside(scenario: Scenario, tables: ScenarioTables) -> Beside:
     return Beside(per_type=judged(scenario, per_type_candidates(tables)),
-                  grids=grid_candidates(tables))
+                  grids=grid_candidates(tables),
+                  launchers={name: judged(scenario, group)
+                             for name, group in launcher_baselines(tables).items()})
 
 
 FORK_FROM_GPUS = 128

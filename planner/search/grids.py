@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.costs import state_bytes_per_param
+from planner.documents import Schedule
 from planner.search.drafts import Candidate, best_realized, replicas_draft
 from planner.search.partition import SuffixSweep
 from planner.search.per_type import SHARDED_OVER
@@ -349,7 +350,10 @@ def _split(ctx: TemplateContext, stages: list[StageShape], b: int, replicas: int
         sweep.push(ctx.stage_spec(shape, b, k, link))
         if not sweep.extendable() and k < depth:
             return
-    for part in (sweep.extract(depth), sweep.extract_least_time(depth, micro_batches)):
+    # Under `local` the fill model does not hold, and the shared split replaces this one.
+    least_time = (None if ctx.schedule is Schedule.LOCAL
+                  else sweep.extract_least_time(depth, micro_batches))
+    for part in (sweep.extract(depth), least_time):
         template = None if part is None else template_from_partition(ctx, sweep.specs, part, b,
                                                                      stages)
         if template is not None:
