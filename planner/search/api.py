@@ -196,7 +196,9 @@ def _plan(
     _check_feasible(tables)
     # The per-type baseline, the costliest, needs no template: started first, beside
     # everything that follows, and the grids after it (they rank tp by its templates).
-    with Aside(functools.partial(_beside, searched, tables),
+    # Under `local` the search's own path is the longer one (three allocation runs, the
+    # shared splits): the child builds the launcher baselines too (BENCHMARKS 3).
+    with Aside(functools.partial(_beside, searched, tables, launchers=local),
                fork=_worth_forking(tables)) as beside_ready:
         return _searched(scenario, searched, tables, allowed, beside_ready, options, started,
                          report)
@@ -251,11 +253,14 @@ def _searched(
     replicated = launcher_candidates(tables, templates, even=False)
     candidates = [*allocated, *replicated]
     report(0.7, "building baselines")
+    launchers = None if local else _launcher_baselines(searched, tables)
     waited = _while_waiting(beside_ready, searched, allowed,
                             [] if local else sorted([*allocated, *replicated],
                                                     key=lambda c: c.quick_s)[:options.finalists])
     beside = beside_ready.result()
-    baselines = dict(beside.launchers)
+    launchers = beside.launchers if launchers is None else launchers
+    assert launchers is not None
+    baselines = dict(launchers)
     baselines["per_type"] = sorted(
         beside.per_type + [(as_per_type(c), e) for c, e in baselines["homogeneous"]],
         key=lambda judged: judged[0].quick_s)
@@ -417,23 +422,26 @@ def _check_feasible(tables: ScenarioTables) -> None:
 
 @dataclass(frozen=True)
 class Beside:
-    """What runs beside the search: the baselines, judged, and the grids. From a forked
-    child the candidates come unbuilt, as their templates and placements: the parent builds
-    the plan of the few it reads (building and pickling every plan document took 0.07-0.1 s
-    of the child's path at 512 GPUs, BENCHMARKS 3)."""
+    """What runs beside the search: the per-type baseline (under `local`, the launcher
+    baselines too), judged, and the grids. From a forked child the candidates come
+    unbuilt, as their templates and placements: the parent builds the plan of the few it
+    reads (building and pickling every plan document took 0.07-0.1 s of the child's path
+    at 512 GPUs, BENCHMARKS 3)."""
 
     per_type: Judged
     grids: list[Candidate]
-    launchers: dict[str, Judged]
-    """The `homogeneous` and `unaware` baselines (here rather than on the search's path,
-    which was the longer one at 512 GPUs, BENCHMARKS 3)."""
+    launchers: dict[str, Judged] | None
+    """The `homogeneous` and `unaware` baselines, where asked for here."""
 
 
-def _beside(scenario: Scenario, tables: ScenarioTables) -> Beside:
+def _beside(scenario: Scenario, tables: ScenarioTables, *, launchers: bool) -> Beside:
     return Beside(per_type=judged(scenario, per_type_candidates(tables)),
                   grids=grid_candidates(tables),
-                  launchers={name: judged(scenario, group)
-                             for name, group in launcher_baselines(tables).items()})
+                  launchers=_launcher_baselines(scenario, tables) if launchers else None)
+
+
+def _launcher_baselines(scenario: Scenario, tables: ScenarioTables) -> dict[str, Judged]:
+    return {name: judged(scenario, group) for name, group in launcher_baselines(tables).items()}
 
 
 FORK_FROM_GPUS = 128
