@@ -54,11 +54,11 @@ def _check_what_the_child_cannot_finish_the_parent_does() -> None:
 
 
 def _beside_and_pid(scenario: Any, tables: Any) -> tuple[int, api.Beside]:
-    return os.getpid(), api._beside(scenario, tables)
+    return os.getpid(), api._beside(scenario, tables, launchers=True)
 
 
 def _check_candidates_cross_from_the_child_unbuilt() -> None:
-    """The per-type candidates and grids cross the pipe as templates and placements: their
+    """The baselines' candidates and grids cross the pipe as templates and placements: their
     plans, built in the parent on first use, equal those built where they were found."""
     scenario = parse_scenario(json.loads((DATA / "scenarios" / "h200x8-h100x16-a80x16-llama13b.json")
                                          .read_text()))
@@ -67,8 +67,12 @@ def _check_candidates_cross_from_the_child_unbuilt() -> None:
         pid, crossed = aside.result()
     assert aside.forked and pid != os.getpid()  # found in the child, not redone here
     assert all("plan" not in vars(c) for c in crossed.grids)  # none judged there: unbuilt
-    here = api._beside(scenario, tables)
-    pairs = ([(a, b) for (a, _), (b, _) in zip(crossed.per_type, here.per_type, strict=True)]
+    here = api._beside(scenario, tables, launchers=True)
+    assert crossed.launchers is not None and here.launchers is not None
+    judged = [(crossed.per_type, here.per_type)] + [
+        (crossed.launchers[name], here.launchers[name]) for name in here.launchers]
+    pairs = ([(a, b) for there, local in judged for (a, _), (b, _) in zip(there, local,
+                                                                            strict=True)]
              + list(zip(crossed.grids, here.grids, strict=True)))
     assert pairs
     for there, local in pairs:
