@@ -73,6 +73,15 @@ def busiest_stage_s(scenario: Scenario, plan: Plan) -> float | None:
     return busiest
 
 
+@per_scenario
+def _range_seconds(scenario: Scenario) -> dict[tuple[str, int, int, int, int],
+                                                tuple[float, float] | None]:
+    """(forward s, backward s) of a layer range at (gpu_type, b, tp, start, end), None where
+    a row is missing: filled as asked (the variant step asks for the same replicas' ranges
+    at every plan it screens)."""
+    return {}
+
+
 def _busy_per_micro_batch_s(scenario: Scenario, nodes: NodeIndex, profiles: ProfileIndex,
                             schedule: Schedule, pipeline: Pipeline) -> list[float] | None:
     """Seconds each stage spends on one micro-batch, over all its chunks."""
@@ -86,19 +95,26 @@ def _busy_per_micro_batch_s(scenario: Scenario, nodes: NodeIndex, profiles: Prof
     transfers = chunk_transfers_s(scenario, first, ranges, b)
     head_kind = scenario.job.local_head_kind if schedule is Schedule.LOCAL else None
     busy = [0.0] * num_stages
+    known = _range_seconds(scenario)
     for c, (start, end) in enumerate(ranges):
         s = c % num_stages
         stage = stages[s]
-        rows = [profiles.get(stage.gpu_type, kind, b, stage.tp) for kind in model.layers[start:end]]
-        if any(row is None for row in rows):
+        key = (stage.gpu_type, b, stage.tp, start, end)
+        if key not in known:
+            rows = [profiles.get(stage.gpu_type, kind, b, stage.tp)
+                    for kind in model.layers[start:end]]
+            known[key] = None if any(row is None for row in rows) else (
+                sum(row.forward_ms for row in rows if row is not None) * 1e-3,
+                sum(row.backward_ms for row in rows if row is not None) * 1e-3)
+        sums = known[key]
+        if sums is None:
             return None
+        forward, backward = sums
         head = None
         if head_kind is not None and s < num_stages - 1:  # every stage but the last trains one
             head = profiles.get(stage.gpu_type, head_kind, b, stage.tp)
             if head is None:
                 return None
-        forward = sum(row.forward_ms for row in rows if row is not None) * 1e-3
-        backward = sum(row.backward_ms for row in rows if row is not None) * 1e-3
         if head is not None:
             backward += (head.forward_ms + head.backward_ms) * 1e-3
         around = ((transfers[c - 1] if c > 0 else 0.0) + (transfers[c] if c < len(transfers)
