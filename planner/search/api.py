@@ -197,7 +197,7 @@ def _plan(
     # The per-type baseline, the costliest, needs no template: started first, beside
     # everything that follows, and the grids after it (they rank tp by its templates).
     # Under `local` the search's own path is the longer one (three allocation runs, the
-    # shared splits): the child builds the launcher baselines too (BENCHMARKS 3).
+    # shared splits): the child builds the launcher baselines too (BENCHMARKS 9).
     with Aside(functools.partial(_beside, searched, tables, launchers=local),
                fork=_worth_forking(tables)) as beside_ready:
         return _searched(scenario, searched, tables, allowed, beside_ready, options, started,
@@ -253,13 +253,13 @@ def _searched(
     replicated = launcher_candidates(tables, templates, even=False)
     candidates = [*allocated, *replicated]
     report(0.7, "building baselines")
-    launchers = None if local else _launcher_baselines(searched, tables)
+    own_launchers = None if local else _launcher_baselines(searched, tables)
     waited = _while_waiting(beside_ready, searched, allowed,
                             [] if local else sorted([*allocated, *replicated],
                                                     key=lambda c: c.quick_s)[:options.finalists])
     beside = beside_ready.result()
-    launchers = beside.launchers if launchers is None else launchers
-    assert launchers is not None
+    launchers = own_launchers if own_launchers is not None else beside.launchers
+    assert launchers is not None  # where the search did not build them, the child did
     baselines = dict(launchers)
     baselines["per_type"] = sorted(
         beside.per_type + [(as_per_type(c), e) for c, e in baselines["homogeneous"]],
