@@ -77,6 +77,12 @@ def plan_command(
              "1f1b,interleaved-1f1b.")] = None,
     recompute: Annotated[bool, typer.Option(
         "--recompute", help="Let stages recompute activations where that helps.")] = False,
+    exact: Annotated[bool, typer.Option(
+        "--exact", help="Enumerate the whole plan space and return the proven optimum (small "
+                        "scenarios only: the limit a larger one exceeds is named).")] = False,
+    max_local_blocks: Annotated[int | None, typer.Option(
+        min=1, help="For a job whose schedule is local: the most blocks (stages) a pipeline "
+                    "may have (local learning loses accuracy as blocks multiply).")] = None,
     launcher: Annotated[str | None, typer.Option(
         help="Plan only what this launcher can run: megatron, deepspeed, torchtitan (one grid "
              "of identical pipelines), or another export format.")] = None,
@@ -97,6 +103,7 @@ def plan_command(
         raise fail(f"cannot write {output}: its folder does not exist")  # before a long search
     document = load_document(scenario_path)
     choice = ScheduleChoice(schedules=_schedule_names(schedules), recompute=recompute,
+                            exact=exact, max_local_blocks=max_local_blocks,
                             launcher=_launcher_name(launcher))
     goal = _goal(objective, max_usd_per_hour, min_samples_per_s)
     if server is None:
@@ -120,16 +127,23 @@ def plan_command(
 
 @dataclass(frozen=True, kw_only=True)
 class ScheduleChoice:
-    """`--schedules` (names, checked), `--recompute` and `--launcher`."""
+    """`--schedules` (names, checked), `--recompute`, `--exact`, `--max-local-blocks` and
+    `--launcher`."""
 
     schedules: tuple[str, ...]
     recompute: bool
+    exact: bool = False
+    max_local_blocks: int | None = None
     launcher: str | None = None
 
     def as_request(self) -> dict[str, Any]:
         chosen: dict[str, Any] = {"recompute": self.recompute} if self.recompute else {}
+        if self.exact:
+            chosen["exact"] = True
         if self.schedules:
             chosen["schedules"] = list(self.schedules)
+        if self.max_local_blocks is not None:
+            chosen["max_local_blocks"] = self.max_local_blocks
         if self.launcher:
             chosen["launcher"] = self.launcher
         return chosen
@@ -188,6 +202,7 @@ def _plan_locally(document: Any, time_limit_s: float, choice: ScheduleChoice,
             task = bar.add_task("planning", total=1.0)
             options = ObjectiveOptions(
                 time_limit_s=time_limit_s, recompute=choice.recompute, launcher=choice.launcher,
+                exact=choice.exact, max_local_blocks=choice.max_local_blocks,
                 schedules=tuple(Schedule(n) for n in choice.schedules),
                 **{**goal, "objective": Objective(goal["objective"])})
             result = plan_with_objective(

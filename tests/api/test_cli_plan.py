@@ -132,6 +132,50 @@ def test_plan_with_schedules_and_recompute_gives_a_valid_plan_of_an_allowed_sche
     assert check.exit_code == 0, check.output
 
 
+def test_plan_caps_a_local_jobs_blocks(tmp_path: Path) -> None:
+    from bench.schedules import with_local_head
+
+    scenario = tmp_path / "local.json"
+    scenario.write_text(json.dumps(with_local_head(json.loads(SCENARIO.read_text()))))
+    depths = {}
+    for cap in (None, 2):
+        out = tmp_path / f"plan-{cap}.json"
+        result = runner.invoke(app, ["plan", str(scenario), "-o", str(out), "--time-limit", "3",
+                                     *([] if cap is None else ["--max-local-blocks", str(cap)])])
+        assert result.exit_code == 0, result.output
+        document = json.loads(out.read_text())
+        assert document["schedule"] == "local"
+        depths[cap] = {len(p["stages"]) for p in document["pipelines"]}
+        check = runner.invoke(app, ["evaluate", str(scenario), str(out), "--json"])
+        assert check.exit_code == 0 and json.loads(check.stdout)["valid"] is True
+    assert max(depths[None]) > 2 >= max(depths[2])  # the cap bound a plan that went deeper
+    refused = runner.invoke(app, ["plan", str(scenario), "--max-local-blocks", "0"])
+    assert refused.exit_code == 2 and "--max-local-blocks" in refused.output
+
+
+def test_a_block_cap_and_exact_mode_go_to_the_server_as_its_options() -> None:
+    from api.cli.plan_commands import ScheduleChoice
+
+    assert ScheduleChoice(schedules=(), recompute=False, max_local_blocks=3,
+                          exact=True).as_request() == {"max_local_blocks": 3, "exact": True}
+    assert ScheduleChoice(schedules=(), recompute=False).as_request() == {}
+
+
+def test_plan_exact_returns_the_proven_optimum_and_refuses_what_it_cannot_enumerate(
+        tmp_path: Path) -> None:
+    tiny = DATA / "tiny" / "tiny-v32x4-t4x2-gpt350m-6l.json"
+    optimum = json.loads(tiny.with_name(f"{tiny.stem}.optimum.json").read_text())
+    result = runner.invoke(app, ["plan", str(tiny), "--exact", "--json", "--time-limit", "10",
+                                 "-o", str(tmp_path / "plan.json")])
+    assert result.exit_code == 0, result.output
+    answer = json.loads(result.stdout)
+    assert answer["status"] == "optimal"
+    assert answer["samples_per_s"] == pytest.approx(optimum["samples_per_s"], rel=1e-9)
+    refused = runner.invoke(app, ["plan", str(SCENARIO), "--exact"])
+    assert refused.exit_code != 0
+    assert "exact mode enumerates at most 16 GPUs and this cluster has 32" in refused.output
+
+
 def test_plan_with_an_unknown_schedule_names_the_known_ones() -> None:
     result = runner.invoke(app, ["plan", str(SCENARIO), "--schedules", "1f1b,zb-v"])
     assert result.exit_code == 2
