@@ -60,6 +60,20 @@ def _server_summary(answer: dict[str, Any]) -> PlanSummary:
                        plan_id=answer.get("id"))
 
 
+# Search options that `hetplan plan` and `hetplan batch` both take.
+SchedulesOption = Annotated[str | None, typer.Option(
+    help="Schedules the plan may use, comma-separated (default: the job's own), e.g. "
+         "1f1b,interleaved-1f1b.")]
+RecomputeOption = Annotated[bool, typer.Option(
+    "--recompute", help="Let stages recompute activations where that helps.")]
+ExactOption = Annotated[bool, typer.Option(
+    "--exact", help="Enumerate the whole plan space and return the proven optimum (small "
+                    "scenarios only: the limit a larger one exceeds is named).")]
+MaxLocalBlocksOption = Annotated[int | None, typer.Option(
+    min=1, help="For a job whose schedule is local: the most blocks (stages) a pipeline may "
+                "have (local learning loses accuracy as blocks multiply).")]
+
+
 def plan_command(
     scenario_path: Annotated[Path, typer.Argument(metavar="SCENARIO", help="Scenario JSON/YAML.")],
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Write the plan here "
@@ -72,17 +86,10 @@ def plan_command(
                                               help="Bearer token for --server.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON summary on stdout "
                                           "(with the plan in it unless -o is given).")] = False,
-    schedules: Annotated[str | None, typer.Option(
-        help="Schedules the plan may use, comma-separated (default: the job's own), e.g. "
-             "1f1b,interleaved-1f1b.")] = None,
-    recompute: Annotated[bool, typer.Option(
-        "--recompute", help="Let stages recompute activations where that helps.")] = False,
-    exact: Annotated[bool, typer.Option(
-        "--exact", help="Enumerate the whole plan space and return the proven optimum (small "
-                        "scenarios only: the limit a larger one exceeds is named).")] = False,
-    max_local_blocks: Annotated[int | None, typer.Option(
-        min=1, help="For a job whose schedule is local: the most blocks (stages) a pipeline "
-                    "may have (local learning loses accuracy as blocks multiply).")] = None,
+    schedules: SchedulesOption = None,
+    recompute: RecomputeOption = False,
+    exact: ExactOption = False,
+    max_local_blocks: MaxLocalBlocksOption = None,
     launcher: Annotated[str | None, typer.Option(
         help="Plan only what this launcher can run: megatron, deepspeed, torchtitan (one grid "
              "of identical pipelines), or another export format.")] = None,
@@ -102,9 +109,7 @@ def plan_command(
     if output is not None and not output.resolve().parent.is_dir():
         raise fail(f"cannot write {output}: its folder does not exist")  # before a long search
     document = load_document(scenario_path)
-    choice = ScheduleChoice(schedules=_schedule_names(schedules), recompute=recompute,
-                            exact=exact, max_local_blocks=max_local_blocks,
-                            launcher=_launcher_name(launcher))
+    choice = schedule_choice(schedules, recompute, exact, max_local_blocks, launcher)
     goal = _goal(objective, max_usd_per_hour, min_samples_per_s)
     if server is None:
         plan_document, summary = _plan_locally(document, time_limit_s, choice, goal,
@@ -136,6 +141,14 @@ class ScheduleChoice:
     max_local_blocks: int | None = None
     launcher: str | None = None
 
+    def search_fields(self) -> dict[str, Any]:
+        """These choices as fields of `SearchOptions` (planner imported only when asked)."""
+        from planner.documents import Schedule
+
+        return {"schedules": tuple(Schedule(n) for n in self.schedules),
+                "recompute": self.recompute, "exact": self.exact,
+                "max_local_blocks": self.max_local_blocks, "launcher": self.launcher}
+
     def as_request(self) -> dict[str, Any]:
         chosen: dict[str, Any] = {"recompute": self.recompute} if self.recompute else {}
         if self.exact:
@@ -147,6 +160,15 @@ class ScheduleChoice:
         if self.launcher:
             chosen["launcher"] = self.launcher
         return chosen
+
+
+def schedule_choice(schedules: str | None, recompute: bool, exact: bool,
+                    max_local_blocks: int | None, launcher: str | None = None
+                    ) -> ScheduleChoice:
+    """The search options given on the command line, checked."""
+    return ScheduleChoice(schedules=_schedule_names(schedules), recompute=recompute,
+                          exact=exact, max_local_blocks=max_local_blocks,
+                          launcher=_launcher_name(launcher))
 
 
 def _launcher_name(name: str | None) -> str | None:
@@ -190,7 +212,7 @@ def _plan_locally(document: Any, time_limit_s: float, choice: ScheduleChoice,
     from rich.progress import Progress
 
     from planner import PlannerError, parse_scenario
-    from planner.documents import Schedule, dump_document
+    from planner.documents import dump_document
     from planner.fleet import Objective, ObjectiveOptions, plan_with_objective
 
     try:
@@ -201,9 +223,7 @@ def _plan_locally(document: Any, time_limit_s: float, choice: ScheduleChoice,
                       disable=not show_progress) as bar:
             task = bar.add_task("planning", total=1.0)
             options = ObjectiveOptions(
-                time_limit_s=time_limit_s, recompute=choice.recompute, launcher=choice.launcher,
-                exact=choice.exact, max_local_blocks=choice.max_local_blocks,
-                schedules=tuple(Schedule(n) for n in choice.schedules),
+                time_limit_s=time_limit_s, **choice.search_fields(),
                 **{**goal, "objective": Objective(goal["objective"])})
             result = plan_with_objective(
                 scenario, options,

@@ -12,6 +12,14 @@ from typing import Annotated, Any
 import typer
 
 from api.cli.output import fail, stderr_console
+from api.cli.plan_commands import (
+    ExactOption,
+    MaxLocalBlocksOption,
+    RecomputeOption,
+    ScheduleChoice,
+    SchedulesOption,
+    schedule_choice,
+)
 
 __all__ = ["register", "BatchOutcome", "plan_file", "plan_file_task", "worker"]
 
@@ -139,14 +147,17 @@ class BatchOutcome:
     error: str | None = None
 
 
-def plan_file(path: Path, out_dir: Path, time_limit_s: float) -> BatchOutcome:
+def plan_file(path: Path, out_dir: Path, time_limit_s: float,
+              choice: ScheduleChoice | None = None) -> BatchOutcome:
     """Plan one scenario file and write `<stem>.plan.json`; never raises for bad input."""
     import planner
     from planner.documents import dump_document
 
+    fields = {} if choice is None else choice.search_fields()
     try:
         scenario = planner.parse_scenario(_load(path))
-        result = planner.plan(scenario, planner.SearchOptions(time_limit_s=time_limit_s))
+        result = planner.plan(scenario, planner.SearchOptions(time_limit_s=time_limit_s,
+                                                              **fields))
     except (planner.PlannerError, OSError, ValueError) as error:
         return BatchOutcome(scenario=path.name, ok=False,
                             error=f"{type(error).__name__}: {error}")
@@ -158,8 +169,9 @@ def plan_file(path: Path, out_dir: Path, time_limit_s: float) -> BatchOutcome:
                         wall_s=result.wall_s, plan_path=str(target))
 
 
-def plan_file_task(task: tuple[Path, Path, float]) -> BatchOutcome:
-    """`plan_file` on one (scenario path, output folder, time limit): a sweep's task."""
+def plan_file_task(task: tuple[Path, Path, float, ScheduleChoice]) -> BatchOutcome:
+    """`plan_file` on one (scenario path, output folder, time limit, search options): a
+    sweep's task."""
     return plan_file(*task)
 
 
@@ -191,6 +203,10 @@ def batch(
     ray: Annotated[str | None, typer.Option(
         "--ray", metavar="ADDRESS", help="Plan as Ray tasks: `auto` starts a local Ray, "
         "else the cluster's address (workers must see --out).")] = None,
+    schedules: SchedulesOption = None,
+    recompute: RecomputeOption = False,
+    exact: ExactOption = False,
+    max_local_blocks: MaxLocalBlocksOption = None,
 ) -> None:
     """Plan every scenario of a folder, in parallel.
 
@@ -199,6 +215,7 @@ def batch(
     Each plan goes to OUT/<name>.plan.json and the summary to OUT/batch-summary.json."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
+    choice = schedule_choice(schedules, recompute, exact, max_local_blocks)
     paths = sorted(p for p in scenario_dir.iterdir() if p.suffix in SCENARIO_SUFFIXES)
     if not paths:
         raise fail(f"no scenario files ({', '.join(SCENARIO_SUFFIXES)}) in {scenario_dir}")
@@ -215,7 +232,7 @@ def batch(
         with Progress(*columns, console=console) as progress, sweep_mapper(
                 ray, min(jobs, len(paths))) as mapper:
             task = progress.add_task("planning", total=len(paths))
-            for outcome in mapper(plan_file_task, [(p, out, time_limit_s) for p in paths]):
+            for outcome in mapper(plan_file_task, [(p, out, time_limit_s, choice) for p in paths]):
                 outcomes.append(outcome)
                 progress.advance(task)
     except RayUnavailable as error:

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 import planner
 from api.cli import app
+from planner.documents import Schedule
 from tests.api.conftest import DATA
 
 
@@ -44,6 +45,33 @@ def test_batch_plans_every_scenario_and_fails_if_one_fails(tmp_path: Path) -> No
     evaluation = planner.evaluate(scenario, plan)
     assert evaluation.valid
     assert evaluation.iteration_s == pytest.approx(summary["good.json"]["iteration_s"])
+
+
+def test_batch_takes_the_search_options_plan_takes(tmp_path: Path) -> None:
+    """A local job capped at 2 blocks and a 1F1B job allowed interleaving and recomputation:
+    each plan keeps to its options and is valid."""
+    from bench.schedules import with_local_head
+
+    one_f_one_b = json.loads((DATA / "scenario.json").read_text())
+    scenarios = tmp_path / "scenarios"
+    scenarios.mkdir()
+    (scenarios / "local.json").write_text(json.dumps(with_local_head(one_f_one_b)))
+    (scenarios / "mixed.json").write_text(json.dumps(one_f_one_b))
+    out = tmp_path / "plans"
+    result = CliRunner().invoke(app, ["batch", str(scenarios), "--out", str(out), "--jobs", "1",
+                                      "--time-limit", "2", "--max-local-blocks", "2", "--json"])
+    assert result.exit_code == 0, result.output  # the cap leaves jobs of other schedules be
+    local = planner.parse_plan(json.loads((out / "local.plan.json").read_text()))
+    assert local.schedule is Schedule.LOCAL
+    assert max(len(p.stages) for p in local.pipelines) <= 2  # uncapped: 4 blocks
+    widened = CliRunner().invoke(app, ["batch", str(scenarios), "--out", str(out), "--jobs", "1",
+                                       "--time-limit", "2", "--schedules",
+                                       "1f1b,interleaved-1f1b", "--recompute", "--json"])
+    summary = {o["scenario"]: o for o in json.loads(widened.stdout)}
+    assert summary["mixed.json"]["ok"] is True
+    assert "local" in summary["local.json"]["error"]  # a local job takes only `local`
+    mixed = planner.parse_plan(json.loads((out / "mixed.plan.json").read_text()))
+    assert planner.evaluate(planner.parse_scenario(one_f_one_b), mixed).valid
 
 
 def test_batch_of_an_empty_folder_is_an_error(tmp_path: Path) -> None:
