@@ -10,7 +10,7 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from api.examples import STORY
+from api.examples import OPTION_VARIANTS, STORY
 from tests.api.conftest import DATA, profile_rows
 
 README = Path(__file__).parents[2] / "README.md"
@@ -36,7 +36,22 @@ def test_every_story_body_is_the_example_of_its_operation(client: TestClient) ->
     for path in {step.path for step in STORY}:
         content = paths[path]["post"]["requestBody"]["content"]["application/json"]
         shown = [example["value"] for example in content["examples"].values()]
-        assert shown == [step.body for step in STORY if step.path == path], path
+        assert shown == [step.body for step in [*STORY, *OPTION_VARIANTS]
+                         if step.path == path], path
+
+
+def test_the_option_variants_posted_after_the_story_plan_within_their_options(
+        client: TestClient) -> None:
+    for step in STORY:
+        assert client.post(step.path, json=step.body).status_code == 201
+    assert OPTION_VARIANTS
+    for step in OPTION_VARIANTS:
+        answer = client.post(step.path, json=step.body)
+        assert answer.status_code == 201, answer.text
+        allowed = step.body["options"].get("schedules") or ["1f1b"]
+        assert answer.json()["plan"].get("schedule", "1f1b") in allowed
+        assert answer.json()["evaluation"]["valid"] is True
+        assert answer.json()["options"]["recompute"] is step.body["options"]["recompute"]
 
 
 def test_the_story_registers_both_gpu_types_of_the_cluster_and_every_layer_kind() -> None:
