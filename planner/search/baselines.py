@@ -26,7 +26,7 @@ from planner.search.drafts import (
 )
 from planner.search.per_type import class_options, per_type_choices
 from planner.search.tables import ResourceClass, ScenarioTables
-from planner.search.templates import PipelineTemplate, StageShape, TemplateContext, even_bounds
+from planner.search.templates import StageShape, TemplateContext, even_bounds
 
 __all__ = ["as_per_type", "launcher_baselines", "per_type_candidates"]
 
@@ -112,15 +112,11 @@ def _unaware(ctx: TemplateContext) -> Iterator[Replicas]:
                 shapes = [StageShape(resource=key, tp=tp)
                           for key in order for _ in range(per_pipeline[key])]
                 fits_node = all(per_pipeline[c.key] * tp <= c.largest_node for c in tables.classes)
-                template = ctx.fixed(shapes, b, even_bounds(tables.num_layers, depth),
-                                     same_node_links=fits_node, num_pipelines=n)
-                if template is not None:
-                    yield Replicas(build=functools.partial(_built, template), micro_batch=b,
-                                   counts=[n], origin="unaware baseline")
-
-
-def _built(template: PipelineTemplate) -> PipelineTemplate:
-    return template
+                yield Replicas(
+                    build=functools.partial(ctx.fixed, shapes, b,
+                                            even_bounds(tables.num_layers, depth),
+                                            same_node_links=fits_node, num_pipelines=n),
+                    micro_batch=b, counts=[n], origin="unaware baseline")
 
 
 def _type_orders(

@@ -112,13 +112,21 @@ def _replica_micro_batches(
     tables: ScenarioTables, template: PipelineTemplate, num_pipelines: int
 ) -> int | None:
     """Micro-batches of each of `num_pipelines` replicas sharing the batch evenly."""
+    m = _even_share(tables, template.micro_batch, num_pipelines)
+    return m if m is not None and _keeps_in_flight(template, m) else None
+
+
+def _even_share(tables: ScenarioTables, micro_batch: int, num_pipelines: int) -> int | None:
+    """Micro-batches of each of `num_pipelines` replicas where they split the batch evenly."""
     batch = tables.scenario.job.global_batch_size
-    if batch % (num_pipelines * template.micro_batch):
+    if batch % (num_pipelines * micro_batch):
         return None
-    m = batch // (num_pipelines * template.micro_batch)
-    if template.max_micro_batches is not None and m > template.max_micro_batches:
-        return None
-    return m
+    return batch // (num_pipelines * micro_batch)
+
+
+def _keeps_in_flight(template: PipelineTemplate, num_micro_batches: int) -> bool:
+    """Whether the template holds that many micro-batches in flight (GPipe keeps them all)."""
+    return template.max_micro_batches is None or num_micro_batches <= template.max_micro_batches
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -146,19 +154,18 @@ def contending_replicas(tables: ScenarioTables, offers: Iterable[Replicas], keep
     kept: list[Draft] = []
     ranked: list[float] = []  # negated rough times of the `keep` least so far (a max-heap)
     least = math.inf
-    batch = tables.scenario.job.global_batch_size
     for offer in offers:
         template: PipelineTemplate | None = None
         for n in offer.counts:
-            if batch % (n * offer.micro_batch):
+            m = _even_share(tables, offer.micro_batch, n)
+            if m is None:
                 continue
-            m = batch // (n * offer.micro_batch)
             bound = min(-ranked[0] if len(ranked) == keep else math.inf, least * slack)
             if offer.floor_s(m) > bound:
                 break
             if template is None and (template := offer.build()) is None:
                 break
-            if template.max_micro_batches is not None and m > template.max_micro_batches:
+            if not _keeps_in_flight(template, m):
                 continue
             if pipeline_s(tables, template, m) > bound:
                 break
