@@ -12,6 +12,7 @@ from planner.costs import (
     node_index,
     per_scenario,
     profile_index,
+    range_index,
 )
 from planner.documents import Pipeline, Plan, Scenario, Schedule
 from planner.schedules import model_chunks
@@ -73,19 +74,10 @@ def busiest_stage_s(scenario: Scenario, plan: Plan) -> float | None:
     return busiest
 
 
-@per_scenario
-def _range_seconds(scenario: Scenario) -> dict[tuple[str, int, int, int, int],
-                                                tuple[float, float] | None]:
-    """(forward s, backward s) of a layer range at (gpu_type, b, tp, start, end), None where
-    a row is missing: filled as asked (the variant step asks for the same replicas' ranges
-    at every plan it screens)."""
-    return {}
-
-
 def _busy_per_micro_batch_s(scenario: Scenario, nodes: NodeIndex, profiles: ProfileIndex,
                             schedule: Schedule, pipeline: Pipeline) -> list[float] | None:
     """Seconds each stage spends on one micro-batch, over all its chunks."""
-    model, b = scenario.model, pipeline.micro_batch_size
+    b = pipeline.micro_batch_size
     stages, ranges = pipeline.stages, model_chunks(pipeline)
     located = [nodes.locate(stage.gpus[0]) if stage.gpus else None for stage in stages]
     if any(where is None for where in located):
@@ -95,21 +87,14 @@ def _busy_per_micro_batch_s(scenario: Scenario, nodes: NodeIndex, profiles: Prof
     transfers = chunk_transfers_s(scenario, first, ranges, b)
     head_kind = scenario.job.local_head_kind if schedule is Schedule.LOCAL else None
     busy = [0.0] * num_stages
-    known = _range_seconds(scenario)
+    sums_of = range_index(scenario).sums
     for c, (start, end) in enumerate(ranges):
         s = c % num_stages
         stage = stages[s]
-        key = (stage.gpu_type, b, stage.tp, start, end)
-        if key not in known:
-            rows = [profiles.get(stage.gpu_type, kind, b, stage.tp)
-                    for kind in model.layers[start:end]]
-            known[key] = None if any(row is None for row in rows) else (
-                sum(row.forward_ms for row in rows if row is not None) * 1e-3,
-                sum(row.backward_ms for row in rows if row is not None) * 1e-3)
-        sums = known[key]
-        if sums is None:
+        forward_ms, backward_ms, _, _, complete = sums_of(stage.gpu_type, stage.tp, b, start, end)
+        if not complete:
             return None
-        forward, backward = sums
+        forward, backward = forward_ms * 1e-3, backward_ms * 1e-3
         head = None
         if head_kind is not None and s < num_stages - 1:  # every stage but the last trains one
             head = profiles.get(stage.gpu_type, head_kind, b, stage.tp)

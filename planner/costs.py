@@ -22,6 +22,9 @@ __all__ = [
     "per_scenario",
     "node_index",
     "profile_index",
+    "RangeIndex",
+    "RangeSums",
+    "range_index",
     "link_between",
     "zone_link",
     "transfer_s",
@@ -113,6 +116,41 @@ def node_index(scenario: Scenario) -> NodeIndex:
 def profile_index(scenario: Scenario) -> ProfileIndex:
     """The scenario's `ProfileIndex`, built once."""
     return ProfileIndex(scenario.profiles)
+
+
+RangeSums = tuple[float, float, float, float, bool]
+"""(forward ms, backward ms, activation bytes, parameters) of a layer range over the profile
+rows the scenario has, and whether it has every one."""
+
+
+class RangeIndex:
+    """Sums over layer ranges at one (GPU type, tp, micro-batch), each computed once:
+    replicas, and the plans one search judges, repeat their ranges."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        self._scenario = scenario
+        self._profiles = profile_index(scenario)
+        self._sums: dict[tuple[str, int, int, int, int], RangeSums] = {}
+
+    def sums(self, gpu_type: str, tp: int, b: int, start: int, end: int) -> RangeSums:
+        key = (gpu_type, tp, b, start, end)
+        found = self._sums.get(key)
+        if found is None:
+            model = self._scenario.model
+            kinds = model.layers[start:end]
+            rows = [self._profiles.get(gpu_type, kind, b, tp) for kind in kinds]
+            found = self._sums[key] = (sum(r.forward_ms for r in rows if r is not None),
+                                       sum(r.backward_ms for r in rows if r is not None),
+                                       sum(r.activation_bytes for r in rows if r is not None),
+                                       sum(model.kinds[k].params for k in kinds),
+                                       all(r is not None for r in rows))
+        return found
+
+
+@per_scenario
+def range_index(scenario: Scenario) -> RangeIndex:
+    """The scenario's `RangeIndex`, filled as ranges are asked for."""
+    return RangeIndex(scenario)
 
 
 def link_between(scenario: Scenario, a: Node, b: Node) -> Link:

@@ -25,11 +25,13 @@ from planner.costs import (
     GIB,
     NodeIndex,
     ProfileIndex,
+    RangeIndex,
     chunk_transfers_s,
     in_flight,
     link_between,
     node_index,
     profile_index,
+    range_index,
     ring_cost,
     ring_hop,
     state_bytes_per_param,
@@ -212,7 +214,8 @@ def evaluate(scenario: Scenario, plan: Plan) -> Evaluation:
             for name, (used, s) in sorted(nic_share.items()) if s < 1.0
         }
     ctx = _Context(scenario=scenario, plan=plan, profiles=profiles, schedule=schedule,
-                   state_per_param=state_bytes_per_param(scenario, len(plan.pipelines)).total)
+                   state_per_param=state_bytes_per_param(scenario, len(plan.pipelines)).total,
+                   ranges=range_index(scenario))
     result.pipelines = [
         (_estimate_general_pipeline if not version_1 and _needs_general_path(pipeline, schedule)
          else _estimate_pipeline)(ctx, i, first_nodes[i], sync[i])
@@ -526,17 +529,7 @@ class _Context:
     profiles: ProfileIndex
     schedule: Schedule
     state_per_param: float
-    layer_sums: dict[tuple[str, int, int, int, int], tuple[float, float, float, float]] = field(
-        default_factory=dict)
-    """(type, tp, b, start, end) -> `_range_sums`: replicas repeat the same stages."""
-
-    def range_sums(self, stage: Stage, b: int, layer_range: LayerRange
-                   ) -> tuple[float, float, float, float]:
-        key = (stage.gpu_type, stage.tp, b, *layer_range)
-        if key not in self.layer_sums:
-            self.layer_sums[key] = _range_sums(self.scenario, self.profiles, stage.gpu_type,
-                                               stage.tp, b, layer_range)
-        return self.layer_sums[key]
+    ranges: RangeIndex
 
 
 def _estimate_pipeline(
@@ -544,7 +537,7 @@ def _estimate_pipeline(
 ) -> PipelineEstimate:
     """Sections 3 and 4: one range per stage, 1F1B or GPipe, no recomputation."""
     scenario, schedule, state_per_param = ctx.scenario, ctx.schedule, ctx.state_per_param
-    layer_sums = ctx.layer_sums  # read inline below: this path runs on every search candidate
+    sums_of = ctx.ranges.sums  # read inline below: this path runs on every search candidate
     pipeline = ctx.plan.pipelines[index]
     model, job = scenario.model, scenario.job
     b, m = pipeline.micro_batch_size, pipeline.num_micro_batches
@@ -558,12 +551,8 @@ def _estimate_pipeline(
     stages = []
     for s, stage in enumerate(pipeline.stages):
         start, end = ranges[s]
-        key = (stage.gpu_type, stage.tp, b, start, end)
-        sums = layer_sums.get(key)
-        if sums is None:
-            sums = layer_sums[key] = _range_sums(scenario, ctx.profiles, stage.gpu_type, stage.tp,
-                                                 b, ranges[s])
-        forward_ms, backward_ms, activation_bytes, params = sums
+        forward_ms, backward_ms, activation_bytes, params, _ = sums_of(
+            stage.gpu_type, stage.tp, b, start, end)
         around_s = (transfers[s - 1] if s > 0 else 0.0) + (transfers[s] if s < len(transfers) else 0.0)
         blocking_ms = around_s * 1e3 if job.blocking_transfers else 0.0
         flight = in_flight(s, num_stages, m, schedule)
@@ -591,21 +580,6 @@ def _estimate_pipeline(
     return estimate
 
 
-def _range_sums(
-    scenario: Scenario, profiles: ProfileIndex, gpu_type: str, tp: int, b: int,
-    layer_range: LayerRange,
-) -> tuple[float, float, float, float]:
-    """(forward ms, backward ms, activation bytes, parameters) of a range of layers.
-    Replicas repeat the same stages: `evaluate` computes each distinct one once."""
-    model = scenario.model
-    kinds = model.layers[layer_range[0]:layer_range[1]]
-    rows = [profiles.get(gpu_type, kind, b, tp) for kind in kinds]
-    return (sum(r.forward_ms for r in rows if r is not None),
-            sum(r.backward_ms for r in rows if r is not None),
-            sum(r.activation_bytes for r in rows if r is not None),
-            sum(model.kinds[k].params for k in kinds))
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class _ChunkSums:
     """Sums over one model chunk's layers at its stage's (type, b, tp), in ms and bytes."""
@@ -619,7 +593,8 @@ class _ChunkSums:
 
 
 def _chunk_sums(ctx: _Context, stage: Stage, b: int, layer_range: LayerRange) -> _ChunkSums:
-    forward_ms, backward_ms, activation_bytes, params = ctx.range_sums(stage, b, layer_range)
+    forward_ms, backward_ms, activation_bytes, params, _ = ctx.ranges.sums(
+        stage.gpu_type, stage.tp, b, *layer_range)
     model, start = ctx.scenario.model, layer_range[0]
     input_bytes = model.kinds[model.layers[start - 1]].output_bytes_per_sample * b if start else 0.0
     return _ChunkSums(forward_ms=forward_ms, backward_ms=backward_ms,
