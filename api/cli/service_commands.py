@@ -148,16 +148,15 @@ class BatchOutcome:
 
 
 def plan_file(path: Path, out_dir: Path, time_limit_s: float,
-              choice: ScheduleChoice | None = None) -> BatchOutcome:
+              choice: ScheduleChoice) -> BatchOutcome:
     """Plan one scenario file and write `<stem>.plan.json`; never raises for bad input."""
     import planner
     from planner.documents import dump_document
 
-    fields = {} if choice is None else choice.search_fields()
     try:
         scenario = planner.parse_scenario(_load(path))
         result = planner.plan(scenario, planner.SearchOptions(time_limit_s=time_limit_s,
-                                                              **fields))
+                                                              **choice.search_fields()))
     except (planner.PlannerError, OSError, ValueError) as error:
         return BatchOutcome(scenario=path.name, ok=False,
                             error=f"{type(error).__name__}: {error}")
