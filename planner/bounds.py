@@ -1,5 +1,5 @@
 """Bounds no plan can beat: the compute bound of docs/formats.md (Bounds and baselines), and
-a plan's busiest stage, a lower bound on its iteration that needs no simulation."""
+a floor under one plan's iteration that needs no simulation."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ from planner.costs import (
 )
 from planner.documents import Pipeline, Plan, Scenario, Schedule
 from planner.schedules import model_chunks
+from planner.simulate import floor_s
 
-__all__ = ["seconds_per_sample_per_gpu", "compute_bound_s", "busiest_stage_s"]
+__all__ = ["seconds_per_sample_per_gpu", "compute_bound_s", "iteration_floor_s"]
 
 
 def seconds_per_sample_per_gpu(
@@ -57,26 +58,29 @@ def compute_bound_s(scenario: Scenario) -> float | None:
     return scenario.job.global_batch_size / rate if rate > 0 else None
 
 
-def busiest_stage_s(scenario: Scenario, plan: Plan) -> float | None:
-    """A lower bound on the plan's iteration time, without simulating it: each stage runs its
-    operations one at a time, so a pipeline takes at least its busiest stage's micro-batches
-    times what one costs that stage (every chunk's forward and backward, a recomputed
-    forward, a local head, blocking transfers), and sync only adds. None where the plan
-    names a GPU or needs a profile row the scenario lacks (the estimator says which)."""
+def iteration_floor_s(scenario: Scenario, plan: Plan) -> float | None:
+    """A lower bound on the plan's iteration time, without simulating it: per pipeline
+    `planner.simulate.floor_s` over its chunks' operation times (a stage's micro-batches
+    times all its work, with the fill no stage escapes), and sync only adds. None where the
+    plan names a GPU or needs a profile row the scenario lacks (the estimator says which)."""
     nodes, profiles = node_index(scenario), profile_index(scenario)
     schedule = plan.schedule or scenario.job.schedule
-    busiest = 0.0
+    floor = 0.0
     for pipeline in plan.pipelines:
-        busy = _busy_per_micro_batch_s(scenario, nodes, profiles, schedule, pipeline)
-        if busy is None:
+        times = _chunk_times_s(scenario, nodes, profiles, schedule, pipeline)
+        if times is None:
             return None
-        busiest = max(busiest, pipeline.num_micro_batches * max(busy))
-    return busiest
+        floor = max(floor, floor_s(*times, len(pipeline.stages), pipeline.num_micro_batches,
+                                   schedule, blocking_transfers=scenario.job.blocking_transfers))
+    return floor
 
 
-def _busy_per_micro_batch_s(scenario: Scenario, nodes: NodeIndex, profiles: ProfileIndex,
-                            schedule: Schedule, pipeline: Pipeline) -> list[float] | None:
-    """Seconds each stage spends on one micro-batch, over all its chunks."""
+def _chunk_times_s(scenario: Scenario, nodes: NodeIndex, profiles: ProfileIndex,
+                   schedule: Schedule, pipeline: Pipeline
+                   ) -> tuple[list[float], list[float], list[float]] | None:
+    """Seconds of one forward and one backward of each model chunk, as the estimator times
+    them (blocking transfers, a recomputed forward and a local head included), and the
+    transfers between consecutive chunks."""
     b = pipeline.micro_batch_size
     stages, ranges = pipeline.stages, model_chunks(pipeline)
     located = [nodes.locate(stage.gpus[0]) if stage.gpus else None for stage in stages]
@@ -86,7 +90,7 @@ def _busy_per_micro_batch_s(scenario: Scenario, nodes: NodeIndex, profiles: Prof
     num_stages = len(stages)
     transfers = chunk_transfers_s(scenario, first, ranges, b)
     head_kind = scenario.job.local_head_kind if schedule is Schedule.LOCAL else None
-    busy = [0.0] * num_stages
+    forwards, backwards = [], []
     sums_of = range_index(scenario).sums
     for c, (start, end) in enumerate(ranges):
         s = c % num_stages
@@ -95,16 +99,15 @@ def _busy_per_micro_batch_s(scenario: Scenario, nodes: NodeIndex, profiles: Prof
         if not complete:
             return None
         forward, backward = forward_ms * 1e-3, backward_ms * 1e-3
-        head = None
         if head_kind is not None and s < num_stages - 1:  # every stage but the last trains one
             head = profiles.get(stage.gpu_type, head_kind, b, stage.tp)
             if head is None:
                 return None
-        if head is not None:
             backward += (head.forward_ms + head.backward_ms) * 1e-3
         around = ((transfers[c - 1] if c > 0 else 0.0) + (transfers[c] if c < len(transfers)
                                                            else 0.0))
         blocking = around if scenario.job.blocking_transfers else 0.0
         sent_back = 0.0 if schedule is Schedule.LOCAL else blocking
-        busy[s] += forward + blocking + backward + sent_back + (forward if stage.recompute else 0.0)
-    return busy
+        forwards.append(forward + blocking)
+        backwards.append(backward + sent_back + (forward if stage.recompute else 0.0))
+    return forwards, backwards, transfers

@@ -29,6 +29,7 @@ __all__ = [
     "stage_operations",
     "simulate_pipeline",
     "simulate_chunks",
+    "floor_s",
     "ScheduleDeadlock",
 ]
 
@@ -120,6 +121,44 @@ def simulate_chunks(
     order = _general_order(num_stages, m, schedule, num_model_chunks // num_stages)
     return _run(order, *_per_kind(forward_s, backward_s, transfer_s, blocking_transfers,
                                   sends_backward=schedule is not Schedule.LOCAL))
+
+
+def floor_s(
+    forward_s: Sequence[float],
+    backward_s: Sequence[float],
+    transfer_s: Sequence[float],
+    num_stages: int,
+    num_micro_batches: int,
+    schedule: Schedule,
+    *,
+    blocking_transfers: bool,
+) -> float:
+    """A lower bound on `simulate_chunks` (same arguments) found without simulating.
+
+    Each stage runs its operations one at a time, and under every schedule its first is the
+    forward of micro-batch 0 through its first model chunk `s` and its last the backward of
+    the last micro-batch through that chunk. So no stage finishes before micro-batch 0 has
+    been forwarded through chunks 0..s-1 plus all of its own work, and the pipeline not
+    before that last gradient has gone back through chunks s-1..0 (under `local` no
+    gradient crosses a stage). The busiest stage alone leaves out the fill, which is most
+    of what separates the plans the variant step compares.
+    """
+    m = num_micro_batches
+    if not forward_s or m <= 0:
+        return 0.0
+    duration, delay = _per_kind(forward_s, backward_s, transfer_s, blocking_transfers,
+                                sends_backward=schedule is not Schedule.LOCAL)
+    busy = [0.0] * num_stages
+    for c in range(len(forward_s)):
+        busy[c % num_stages] += duration[2 * c + FORWARD] + duration[2 * c + BACKWARD]
+    best = ahead = behind = 0.0
+    for s in range(num_stages):
+        ahead += delay[2 * s + FORWARD]  # micro-batch 0 arriving at chunk s
+        best = max(best, ahead + m * busy[s] + behind)
+        ahead += duration[2 * s + FORWARD]
+        if schedule is not Schedule.LOCAL:
+            behind += delay[2 * s + BACKWARD] + duration[2 * s + BACKWARD]
+    return best
 
 
 def simulate_pipeline(

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from planner.bounds import busiest_stage_s
+from planner.bounds import iteration_floor_s
 from planner.costs import profile_index, state_bytes_per_param
 from planner.documents import Pipeline, Plan, Scenario, Schedule, Stage
 from planner.errors import InvalidScenario, Problem
@@ -50,7 +50,7 @@ MICRO_BATCH_FACTORS = (2, 4, 8)
 VARIANT_BASES = 3
 """Best plans of the search from which variants are built."""
 ROUNDING = 1e-9
-"""The busiest stage is summed in another order than the estimator's: a margin for that."""
+"""The floor is summed in another order than the estimator's: a margin for that."""
 
 
 def allowed_schedules(scenario: Scenario, requested: Sequence[Schedule]) -> tuple[Schedule, ...]:
@@ -243,8 +243,9 @@ def schedule_variants(
         if key in seen:
             return None
         seen.add(key)
-        # A variant whose busiest stage and sync alone take longer than the best plan cannot
-        # win, nor can its repair (recomputation lengthens backwards).
+        # A variant whose floor (its busiest stage and the fill) and sync alone take longer
+        # than the best plan cannot win, nor can its repair (recomputation lengthens
+        # backwards, which only raises the floor).
         if _cannot_win(scenario, plan, sync_s, best):
             return None
         evaluation = evaluate(scenario, plan)
@@ -282,11 +283,11 @@ def schedule_variants(
 
 
 def _cannot_win(scenario: Scenario, plan: Plan, sync_s: float, best: Judged | None) -> bool:
-    """Whether the plan's busiest stage plus its sync (`sync_s` where known, else 0) already
+    """Whether the plan's iteration floor plus its sync (`sync_s` where known, else 0) already
     takes longer than the best plan: no simulation needed."""
     if best is None:
         return False
-    floor = busiest_stage_s(scenario, plan)
+    floor = iteration_floor_s(scenario, plan)
     return floor is not None and floor + sync_s > (best[1].iteration_s or math.inf) * (
         1 + ROUNDING)
 

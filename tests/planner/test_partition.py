@@ -157,6 +157,23 @@ def test_sweeps_side_by_side_equal_sweeps_one_by_one(times: list[float], memory_
        memory_gib=st.sampled_from([2.3, 2.6, 3.0, 10.0]))
 def test_light_split_has_the_least_bottleneck_and_then_the_lightest_heaviest_stage(
         times: list[float], params: list[int], depth: int, memory_gib: float) -> None:
+    _check_light_split(times, params, depth, memory_gib)
+
+
+@settings(max_examples=80, deadline=None)
+@given(times=st.lists(st.sampled_from([0.5, 1.0, 8.0]), min_size=4, max_size=10),
+       params=st.lists(st.integers(min_value=1, max_value=50), min_size=10, max_size=10),
+       depth=st.integers(min_value=2, max_value=6),
+       memory_gib=st.sampled_from([2.6, 10.0]))
+def test_light_split_among_many_ties_on_the_bottleneck(
+        times: list[float], params: list[int], depth: int, memory_gib: float) -> None:
+    """Few distinct layer times: one slow layer sets the bottleneck and many splits tie on
+    it, so the second DP, not the first, decides the heaviest stage."""
+    _check_light_split(times, params, depth, memory_gib)
+
+
+def _check_light_split(times: list[float], params: list[int], depth: int,
+                       memory_gib: float) -> None:
     doc = scenario_with(times, memory_gib)
     for i, kind in enumerate(doc["model"]["kinds"].values()):
         kind["params"] = params[i] * 1_000_000

@@ -444,9 +444,9 @@ def test_a_variant_keeping_its_bases_stages_is_known_to_sync_as_the_base() -> No
     assert claimed["hand-made, interleaved with 2 chunks per stage"] == 0.0
 
 
-def test_variants_whose_busiest_stage_and_known_sync_lose_are_not_simulated(
+def test_variants_whose_floor_and_known_sync_lose_are_not_simulated(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """The repair of the larger micro-batches (0.06 s at its busiest stage, under the best
+    """The repair of the larger micro-batches (a floor of 0.06 s, under the best
     plan's 0.13 s) cannot win once its 0.08 s of sync is counted: the same plan wins with
     that floor as without it, for fewer evaluations."""
     from planner.search import schedules
@@ -463,7 +463,7 @@ def test_variants_whose_busiest_stage_and_known_sync_lose_are_not_simulated(
     assert count < count_without
 
 
-def test_variants_slower_than_the_best_at_their_busiest_stage_are_not_simulated(
+def test_variants_slower_than_the_best_at_their_floor_are_not_simulated(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The same variant wins with the bound as without it, for fewer evaluations."""
     from planner.search import schedules
@@ -473,10 +473,36 @@ def test_variants_slower_than_the_best_at_their_busiest_stage_are_not_simulated(
     base = plan(scenario, SearchOptions(time_limit_s=QUICK)).plan
     bases = [(Candidate.of(base, quick_s=1.0, origin="searched"), evaluate(scenario, base))]
     count, found = _variants_judged(monkeypatch, scenario, bases)
-    monkeypatch.setattr(schedules, "busiest_stage_s", lambda s, p: None)
+    monkeypatch.setattr(schedules, "iteration_floor_s", lambda s, p: None)
     count_without, found_without = _variants_judged(monkeypatch, scenario, bases)
     assert found == found_without
     assert count < count_without
+
+
+def test_the_fill_in_the_floor_spares_more_simulations_than_the_busiest_stage_alone(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Larger micro-batches cut a pipeline's busiest stage but lengthen its fill: counting
+    the fill screens out more of them (5 simulations to 2 here), and the same plan wins."""
+    from planner import bounds
+
+    scenario = parse_scenario(json.loads(
+        (SCENARIOS / "v16x32-a10x16-llama7b-memtight.json").read_text()))
+    base = plan(scenario, SearchOptions(time_limit_s=QUICK)).plan
+    bases = [(Candidate.of(base, quick_s=1.0, origin="searched"), evaluate(scenario, base))]
+    count, found = _variants_judged(monkeypatch, scenario, bases)
+
+    def busiest_stage_only(forward: list[float], backward: list[float], transfer: list[float],
+                           num_stages: int, m: int, schedule: Schedule, *,
+                           blocking_transfers: bool) -> float:
+        busy = [0.0] * num_stages
+        for c, (f, b) in enumerate(zip(forward, backward, strict=True)):
+            busy[c % num_stages] += f + b
+        return m * max(busy)
+
+    monkeypatch.setattr(bounds, "floor_s", busiest_stage_only)
+    count_busiest, found_busiest = _variants_judged(monkeypatch, scenario, bases)
+    assert found == found_busiest
+    assert count < count_busiest
 
 
 def _variants_judged(monkeypatch: pytest.MonkeyPatch, scenario: Scenario,

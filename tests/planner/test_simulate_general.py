@@ -4,6 +4,7 @@ deadlocks on valid interleaved shapes, and its held-activation peaks are section
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,6 +15,7 @@ from planner.simulate import (
     FORWARD,
     _general_order,
     _input_of,
+    floor_s,
     simulate_chunks,
     simulate_pipeline,
     stage_operations,
@@ -70,6 +72,42 @@ def test_local_equals_an_event_by_event_run(
                            blocking_transfers=blocking)
     assert ours == _event_by_event(forward, backward, transfer, num_stages, m, Schedule.LOCAL,
                                    blocking)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), num_stages=st.integers(1, 6), groups=st.integers(1, 4),
+       num_chunks=st.integers(1, 3), schedule=st.sampled_from(list(Schedule)),
+       blocking=st.booleans())
+def test_the_floor_is_never_above_the_simulation_and_exact_for_one_chunk(
+    data: st.DataObject, num_stages: int, groups: int, num_chunks: int, schedule: Schedule,
+    blocking: bool
+) -> None:
+    if schedule is not Schedule.INTERLEAVED_1F1B:
+        num_chunks = 1
+    m = num_stages * groups  # valid for every schedule and chunk count
+    forward, backward, transfer = _durations(data, num_stages * num_chunks)
+    simulated = simulate_chunks(forward, backward, transfer, num_stages, m, schedule,
+                                blocking_transfers=blocking)
+    floor = floor_s(forward, backward, transfer, num_stages, m, schedule,
+                    blocking_transfers=blocking)
+    assert floor <= simulated * (1 + 1e-12)  # summed in another order: rounding apart
+    if num_stages * num_chunks == 1:  # one operation at a time, never waiting: its sum
+        assert floor == pytest.approx(simulated, rel=1e-12)
+
+
+def test_the_floor_counts_the_fill_in_front_of_and_behind_the_busiest_stage() -> None:
+    """Stage 1 (3 + 5 s per micro-batch, 2 micro-batches) is the busiest. Micro-batch 0
+    reaches it after stage 0's forward (1 s) and a 0.5 s transfer; after its last backward
+    the gradient crosses back (0.5 s) and stage 0 runs its backward (2 s): 1.5 + 16 + 2.5.
+    Under local no gradient crosses, and nothing is counted behind it."""
+    args = ([1.0, 3.0], [2.0, 5.0], [0.5], 2, 2)
+    assert floor_s(*args, Schedule.ONE_F_ONE_B, blocking_transfers=False) == 20.0
+    assert floor_s(*args, Schedule.GPIPE, blocking_transfers=False) == 20.0
+    assert floor_s(*args, Schedule.LOCAL, blocking_transfers=False) == 17.5
+    # Blocking transfers are in the durations the caller passes, never waited for again.
+    assert floor_s(*args, Schedule.ONE_F_ONE_B, blocking_transfers=True) == 19.0
+    simulated = simulate_chunks(*args, Schedule.ONE_F_ONE_B, blocking_transfers=False)
+    assert simulated >= 20.0
 
 
 def test_every_interleaved_shape_up_to_eight_stages_finds_a_processing_order() -> None:
