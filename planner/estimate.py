@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -43,7 +44,7 @@ from planner.simulate import simulate_chunks, simulate_pipeline, stage_operation
 
 __all__ = [
     "StageEstimate", "ChunkedStageEstimate", "PipelineEstimate", "Evaluation", "evaluate", "plan_schedule",
-    "simulate_estimate", "estimate_section", "with_estimate", "dominates", "PricedRate",
+    "overflows_memory", "simulate_estimate", "estimate_section", "with_estimate", "dominates", "PricedRate",
 ]
 
 
@@ -242,6 +243,38 @@ def evaluate(scenario: Scenario, plan: Plan) -> Evaluation:
     result.valid = not errors
     _compare_with_plan_estimate(plan, result)
     return result
+
+
+def overflows_memory(scenario: Scenario, plan: Plan, indices: Iterable[int]) -> bool:
+    """Whether some stage of the plan's pipelines at `indices` needs more memory than its
+    GPUs have, as `evaluate` would find it (the same per-pipeline estimate), without
+    validating the plan or estimating its sync and other pipelines: a cheap screen for
+    plans that differ from a judged one in those pipelines only. True means `evaluate`
+    finds the plan invalid; False says nothing about the rest of the plan."""
+    nodes = node_index(scenario)
+    profiles = profile_index(scenario)
+    schedule = plan_schedule(scenario, plan)
+    general = not _is_version_1(plan, schedule)
+    if general and schedule_errors(scenario, plan, schedule, profiles):
+        return False  # a shape the simulation cannot run: the estimator says why
+    num_layers = len(scenario.model.layers)
+    ctx = _Context(scenario=scenario, plan=plan, profiles=profiles, schedule=schedule,
+                   state_per_param=state_bytes_per_param(scenario, len(plan.pipelines)).total,
+                   ranges=range_index(scenario))
+    for i in indices:
+        pipeline = plan.pipelines[i]
+        located = [nodes.locate(stage.gpus[0]) if stage.gpus else None
+                   for stage in pipeline.stages]
+        if any(where is None for where in located) or not all(
+                0 <= start < end <= num_layers for stage in pipeline.stages
+                for start, end in stage.ranges):
+            continue  # the estimator would report the GPU or range: leave the plan to it
+        first = [where[0] for where in located if where is not None]
+        estimate = (_estimate_general_pipeline if general and _needs_general_path(pipeline, schedule)
+                    else _estimate_pipeline)(ctx, i, first, [0.0] * len(pipeline.stages))
+        if not all(stage.fits for stage in estimate.stages):
+            return True
+    return False
 
 
 def _usd_per_hour(

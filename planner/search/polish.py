@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 
 from planner.costs import NodeIndex, node_index
 from planner.documents import Pipeline, Plan, Scenario, Schedule, Stage
-from planner.estimate import Evaluation, evaluate
+from planner.estimate import Evaluation, evaluate, overflows_memory
 from planner.search.refine import rebalance
 
 __all__ = ["polish_plan", "tries_per_phase"]
@@ -69,7 +69,7 @@ def polish_plan(
     best, best_eval = plan_doc, evaluation
     # Merges come last, from the split the other moves settled on: taken first, a merge's
     # immediate gain led the 512-GPU GPT-Neo plan to a worse end (156.4 against 157.9).
-    phases: list[Callable[[Plan, Evaluation], Iterator[Plan]]] = [
+    phases: list[Callable[[Plan, Evaluation], Iterator[Move]]] = [
         lambda p, e: itertools.chain(_micro_batch_moves(p, points), _boundary_moves(p, e)),
         lambda p, _: _merge_moves(p, points, nodes)]
     for moves in phases:
@@ -94,19 +94,23 @@ def _stages_per_try(plan_doc: Plan) -> int:
 
 
 def _climb(scenario: Scenario, best: Plan, best_eval: Evaluation,
-           moves: Callable[[Plan, Evaluation], Iterator[Plan]], most: int, deadline: float
+           moves: Callable[[Plan, Evaluation], Iterator[Move]], most: int, deadline: float
            ) -> tuple[Plan, Evaluation]:
     """First improvement: the first of `moves` the estimator finds faster is kept and the
-    moves start again from it, at most `most` tries."""
+    moves start again from it, at most `most` tries. A move that overflows memory on a
+    pipeline it changed is invalid, so neither faster nor a pipeline sped up: it spends its
+    try without a full evaluation (most boundary moves on memory-bound plans)."""
     tries = 0
     improved = True
     while improved and tries < most:
         improved = False
         to_beat = (best_eval.iteration_s or math.inf) * (1 - 1e-9)
-        for moved in moves(best, best_eval):
+        for moved, changed in moves(best, best_eval):
             if time.monotonic() > deadline or tries >= most:
                 break
             tries += 1
+            if overflows_memory(scenario, moved, changed):
+                continue
             trial = evaluate(scenario, moved)
             if not _faster(trial, to_beat) and tries < most and _sped_up(trial, best_eval):
                 # Shares balance the pipelines' times: a move that speeds one shape up
@@ -142,7 +146,11 @@ def _shapes(plan_doc: Plan) -> list[list[int]]:
     return list(shapes.values())
 
 
-def _micro_batch_moves(plan_doc: Plan, points: set[tuple[str, int, int]]) -> Iterator[Plan]:
+Move = tuple[Plan, list[int]]
+"""A moved plan and the pipelines the move changed."""
+
+
+def _micro_batch_moves(plan_doc: Plan, points: set[tuple[str, int, int]]) -> Iterator[Move]:
     """Every plan with one shape's micro-batches twice or half as large and half or twice as
     many, where every stage is profiled at the new size."""
     for members in _shapes(plan_doc):
@@ -152,11 +160,11 @@ def _micro_batch_moves(plan_doc: Plan, points: set[tuple[str, int, int]]) -> Ite
             if size * count == b * m and size >= 1 and all(
                     (s.gpu_type, size, s.tp) in points for s in pipeline.stages):
                 yield _with_shape(plan_doc, members,
-                                  functools.partial(_resized, size=size, count=count))
+                                  functools.partial(_resized, size=size, count=count)), members
 
 
 def _merge_moves(plan_doc: Plan, points: set[tuple[str, int, int]], nodes: NodeIndex
-                 ) -> Iterator[Plan]:
+                 ) -> Iterator[Move]:
     """Every plan with two neighbouring stages of one shape, of one type and tp and on one
     node in every replica, run as one stage of twice the tp: one transfer fewer per
     micro-batch, one stage less to fill, each GPU holding about the same parameters."""
@@ -170,7 +178,7 @@ def _merge_moves(plan_doc: Plan, points: set[tuple[str, int, int]], nodes: NodeI
             if any(_node(nodes, plan_doc.pipelines[i].stages[s])
                    != _node(nodes, plan_doc.pipelines[i].stages[s + 1]) for i in members):
                 continue
-            yield _with_shape(plan_doc, members, functools.partial(_merged, s=s))
+            yield _with_shape(plan_doc, members, functools.partial(_merged, s=s)), members
 
 
 def _node(nodes: NodeIndex, stage: Stage) -> str:
@@ -188,7 +196,7 @@ def _merged(pipeline: Pipeline, s: int) -> Pipeline:
     return _pipeline(pipeline, stages)
 
 
-def _boundary_moves(plan_doc: Plan, evaluation: Evaluation) -> Iterator[Plan]:
+def _boundary_moves(plan_doc: Plan, evaluation: Evaluation) -> Iterator[Move]:
     """Every plan that moves one boundary of one pipeline shape by one layer, those that
     take the most off a heavier stage (compute and sync) first: tries run out on large
     plans."""
@@ -206,7 +214,7 @@ def _boundary_moves(plan_doc: Plan, evaluation: Evaluation) -> Iterator[Plan]:
                 if stages[s].layers[0] < boundary < stages[s + 1].layers[1]:
                     moves.append((-relief, len(moves), members, s, boundary))
     for *_, members, s, boundary in sorted(moves):
-        yield _with_boundary(plan_doc, members, s, boundary)
+        yield _with_boundary(plan_doc, members, s, boundary), members
 
 
 def _with_boundary(plan_doc: Plan, members: list[int], s: int, boundary: int) -> Plan:

@@ -183,3 +183,28 @@ def test_what_the_estimator_derives_from_a_scenario_is_built_once_per_scenario()
     for name in ("n1:4", "n9:0", "n1", "n1:x"):  # names of no GPU: answered, never kept
         assert nodes.locate(name) is None
     assert set(nodes._located) == {"n1:3"}
+
+
+@pytest.mark.parametrize("memory_factor", [1.0, 0.5, 0.25])
+def test_the_memory_screen_says_what_the_estimator_finds(memory_factor: float) -> None:
+    """`overflows_memory` over every pipeline of every reference plan, its GPUs' memory
+    shrunk until stages overflow: true exactly where the estimator finds a stage that does
+    not fit (the plans of every schedule, chunks and recomputation included)."""
+    import json
+
+    from planner.estimate import overflows_memory
+    from tests.planner.test_reference_vectors import CASES
+
+    overflowing = 0
+    for scenario_path, plan_path, _ in CASES:
+        doc = json.loads(scenario_path.read_text())
+        for gpu_type in doc["gpu_types"].values():
+            gpu_type["memory_gib"] *= memory_factor
+        scenario = parse_scenario(doc)
+        plan_doc = parse_plan(json.loads(plan_path.read_text()))
+        evaluation = evaluate(scenario, plan_doc)
+        for i, estimate in enumerate(evaluation.pipelines):
+            full = not all(s.fits for s in estimate.stages)
+            assert overflows_memory(scenario, plan_doc, [i]) == full, (plan_path.name, i)
+            overflowing += full
+    assert (overflowing > 0) == (memory_factor < 1.0)

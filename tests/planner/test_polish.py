@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from planner import SearchOptions, evaluate, parse_plan, parse_scenario, plan
 from planner.documents import Pipeline, Plan, Stage
 from planner.estimate import Evaluation
@@ -199,3 +201,36 @@ def test_polish_rebalances_shares_after_a_move_that_speeds_one_shape_up() -> Non
     assert [(s.tp, tuple(s.layers)) for s in fast.stages] == [(2, (0, 4))]
     assert fast.num_micro_batches > balanced.pipelines[0].num_micro_batches
     assert after.iteration_s is not None and after.iteration_s < before.iteration_s * 0.99
+
+
+def test_moves_over_memory_spend_their_tries_without_an_evaluation(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With 3.5 GiB the even split fits (3.42 GiB on its first stage) but a third layer
+    there does not (3.90), nor do micro-batches of two: those two moves are found invalid by
+    the memory screen alone (one evaluation instead of three), and the polish ends where it
+    would have."""
+    from planner.search import polish
+
+    doc = _many_micro_batches()
+    doc["gpu_types"]["F"]["memory_gib"] = 3.5
+    scenario = parse_scenario(doc)
+    even = _even(32)
+    before = evaluate(scenario, even)
+    assert before.valid
+
+    def polished_counting() -> tuple[object, int]:
+        judged: list[Plan] = []
+
+        def counted(scenario_: object, plan_doc: Plan) -> Evaluation:
+            judged.append(plan_doc)
+            return evaluate(scenario, plan_doc)
+
+        monkeypatch.setattr(polish, "evaluate", counted)
+        found = polish_plan(scenario, even, before)
+        return found, len(judged)
+
+    found, evaluations = polished_counting()
+    monkeypatch.setattr(polish, "overflows_memory", lambda *args: False)
+    found_unscreened, evaluations_unscreened = polished_counting()
+    assert found is None and found_unscreened is None  # the even split stays
+    assert (evaluations, evaluations_unscreened) == (1, 3)
