@@ -214,14 +214,9 @@ def evaluate(scenario: Scenario, plan: Plan) -> Evaluation:
             name: {"nics": nodes.by_name[name].num_nics, "used_gpus": used, "share": s}
             for name, (used, s) in sorted(nic_share.items()) if s < 1.0
         }
-    ctx = _Context(scenario=scenario, plan=plan, profiles=profiles, schedule=schedule,
-                   state_per_param=state_bytes_per_param(scenario, len(plan.pipelines)).total,
-                   ranges=range_index(scenario))
-    result.pipelines = [
-        (_estimate_general_pipeline if not version_1 and _needs_general_path(pipeline, schedule)
-         else _estimate_pipeline)(ctx, i, first_nodes[i], sync[i])
-        for i, pipeline in enumerate(plan.pipelines)
-    ]
+    ctx = _Context.of(scenario, plan, profiles, schedule)
+    result.pipelines = [ctx.estimate(i, first_nodes[i], sync[i], version_1=version_1)
+                        for i in range(len(plan.pipelines))]
     for p in result.pipelines:
         for s, stage in enumerate(p.stages):
             if not stage.fits:
@@ -258,9 +253,7 @@ def overflows_memory(scenario: Scenario, plan: Plan, indices: Iterable[int]) -> 
     if general and schedule_errors(scenario, plan, schedule, profiles):
         return False  # a shape the simulation cannot run: the estimator says why
     num_layers = len(scenario.model.layers)
-    ctx = _Context(scenario=scenario, plan=plan, profiles=profiles, schedule=schedule,
-                   state_per_param=state_bytes_per_param(scenario, len(plan.pipelines)).total,
-                   ranges=range_index(scenario))
+    ctx = _Context.of(scenario, plan, profiles, schedule)
     for i in indices:
         pipeline = plan.pipelines[i]
         located = [nodes.locate(stage.gpus[0]) if stage.gpus else None
@@ -270,8 +263,7 @@ def overflows_memory(scenario: Scenario, plan: Plan, indices: Iterable[int]) -> 
                 for start, end in stage.ranges):
             continue  # the estimator would report the GPU or range: leave the plan to it
         first = [where[0] for where in located if where is not None]
-        estimate = (_estimate_general_pipeline if general and _needs_general_path(pipeline, schedule)
-                    else _estimate_pipeline)(ctx, i, first, [0.0] * len(pipeline.stages))
+        estimate = ctx.estimate(i, first, [0.0] * len(pipeline.stages), version_1=not general)
         if not all(stage.fits for stage in estimate.stages):
             return True
     return False
@@ -563,6 +555,22 @@ class _Context:
     schedule: Schedule
     state_per_param: float
     ranges: RangeIndex
+
+    @classmethod
+    def of(cls, scenario: Scenario, plan: Plan, profiles: ProfileIndex, schedule: Schedule
+           ) -> _Context:
+        return cls(scenario=scenario, plan=plan, profiles=profiles, schedule=schedule,
+                   state_per_param=state_bytes_per_param(scenario, len(plan.pipelines)).total,
+                   ranges=range_index(scenario))
+
+    def estimate(self, index: int, first_nodes: list[Node], sync: list[float], *,
+                 version_1: bool) -> PipelineEstimate:
+        """Pipeline `index`'s estimate: the version-1 path where the whole plan is version 1
+        or this pipeline needs nothing of section 6, else the general one."""
+        pipeline = self.plan.pipelines[index]
+        general = not version_1 and _needs_general_path(pipeline, self.schedule)
+        return (_estimate_general_pipeline if general else _estimate_pipeline)(
+            self, index, first_nodes, sync)
 
 
 def _estimate_pipeline(
