@@ -263,7 +263,8 @@ def overflows_memory(scenario: Scenario, plan: Plan, indices: Iterable[int]) -> 
                 for start, end in stage.ranges):
             continue  # the estimator would report the GPU or range: leave the plan to it
         first = [where[0] for where in located if where is not None]
-        estimate = ctx.estimate(i, first, [0.0] * len(pipeline.stages), version_1=not general)
+        estimate = ctx.estimate(i, first, [0.0] * len(pipeline.stages), version_1=not general,
+                                simulated=False)
         if not all(stage.fits for stage in estimate.stages):
             return True
     return False
@@ -564,19 +565,24 @@ class _Context:
                    ranges=range_index(scenario))
 
     def estimate(self, index: int, first_nodes: list[Node], sync: list[float], *,
-                 version_1: bool) -> PipelineEstimate:
+                 version_1: bool, simulated: bool = True) -> PipelineEstimate:
         """Pipeline `index`'s estimate: the version-1 path where the whole plan is version 1
-        or this pipeline needs nothing of section 6, else the general one."""
+        or this pipeline needs nothing of section 6, else the general one. Without
+        `simulated`, its time `T_p` is left at 0 (a memory screen needs none)."""
         pipeline = self.plan.pipelines[index]
         general = not version_1 and _needs_general_path(pipeline, self.schedule)
-        return (_estimate_general_pipeline if general else _estimate_pipeline)(
+        estimate = (_estimate_general_pipeline if general else _estimate_pipeline)(
             self, index, first_nodes, sync)
+        if simulated:
+            estimate.T_p = simulate_estimate(estimate, pipeline.num_micro_batches)
+        return estimate
 
 
 def _estimate_pipeline(
     ctx: _Context, index: int, first_nodes: list[Node], sync: list[float]
 ) -> PipelineEstimate:
-    """Sections 3 and 4: one range per stage, 1F1B or GPipe, no recomputation."""
+    """Sections 3 and 4: one range per stage, 1F1B or GPipe, no recomputation (`T_p` is
+    the caller's to simulate: `_Context.estimate`)."""
     scenario, schedule, state_per_param = ctx.scenario, ctx.schedule, ctx.state_per_param
     sums_of = ctx.ranges.sums  # read inline below: this path runs on every search candidate
     pipeline = ctx.plan.pipelines[index]
@@ -617,7 +623,6 @@ def _estimate_pipeline(
         num_stages=num_stages, T_p=0.0, blocking_transfers=job.blocking_transfers,
         stages=stages, schedule=schedule.value,
     )
-    estimate.T_p = simulate_estimate(estimate, m)
     return estimate
 
 
@@ -653,7 +658,8 @@ def _local_head(ctx: _Context, stage: Stage, s: int, num_stages: int, b: int) ->
 def _estimate_general_pipeline(
     ctx: _Context, index: int, first_nodes: list[Node], sync: list[float]
 ) -> PipelineEstimate:
-    """Section 6: any schedule, chunks, local heads and recomputation, per model chunk."""
+    """Section 6: any schedule, chunks, local heads and recomputation, per model chunk
+    (`T_p` is the caller's to simulate: `_Context.estimate`)."""
     scenario = ctx.scenario
     pipeline = ctx.plan.pipelines[index]
     job = scenario.job
@@ -670,7 +676,6 @@ def _estimate_general_pipeline(
         num_stages=num_stages, T_p=0.0, blocking_transfers=job.blocking_transfers,
         stages=stages, schedule=ctx.schedule.value, num_chunks=num_chunks,
     )
-    estimate.T_p = simulate_estimate(estimate, m)
     return estimate
 
 
