@@ -36,7 +36,13 @@ from planner.search.diagnose import infeasibility_reason, no_plan_reason
 from planner.search.drafts import Candidate
 from planner.search.exact import TooLargeForExact, check_size, exact_optimum
 from planner.search.grids import grid_candidates
-from planner.search.judging import Judged, judge, judged, share_of_time_so_far
+from planner.search.judging import (
+    Judged,
+    baseline_finalists,
+    judge,
+    judged,
+    share_of_time_so_far,
+)
 from planner.search.launchers import (
     LAUNCHER_GRID_DRAFTS,
     best_for_launcher,
@@ -253,13 +259,18 @@ def _searched(
     replicated = launcher_candidates(tables, templates, even=False)
     candidates = [*allocated, *replicated]
     report(0.7, "building baselines")
-    own_launchers = None if local else _launcher_baselines(searched, tables)
-    waited = _while_waiting(beside_ready, searched, allowed,
-                            [] if local else sorted([*allocated, *replicated],
-                                                    key=lambda c: c.quick_s)[:options.finalists])
+    # The launcher baselines are judged only once the child is back: built and judged while
+    # it still works, they cost no time where it is the slower of the two.
+    waited = _while_waiting(beside_ready, searched, tables, allowed, launchers=not local,
+                            candidates=[] if local else sorted(
+                                [*allocated, *replicated],
+                                key=lambda c: c.quick_s)[:options.finalists])
     beside = beside_ready.result()
-    launchers = own_launchers if own_launchers is not None else beside.launchers
-    assert launchers is not None  # where the search did not build them, the child did
+    if local:  # the child built them
+        assert beside.launchers is not None
+        launchers = beside.launchers
+    else:
+        launchers = _launcher_baselines(searched, tables, waited.launchers, known=waited.judged)
     baselines = dict(launchers)
     baselines["per_type"] = sorted(
         beside.per_type + [(as_per_type(c), e) for c, e in baselines["homogeneous"]],
@@ -332,26 +343,43 @@ class _Waited:
     bound_known: bool = False
     bound: SpaceBound | None = None
     """The upper bound on samples/s, where `bound_known`."""
+    launchers: dict[str, list[Candidate]] | None = None
+    """The launcher baselines' candidates, where built."""
 
 
-def _while_waiting(beside_ready: Aside[Beside], scenario: Scenario,
-                   allowed: tuple[Schedule, ...], candidates: list[Candidate]) -> _Waited:
-    """While the forked child works on, compute the bound and judge the search's best
-    `candidates`, in order: results the search would compute anyway once the child is
-    done (or, for a candidate, maybe not: it is then spent on a core's idle time), so the
-    plan is the same whoever finishes first."""
+def _while_waiting(beside_ready: Aside[Beside], scenario: Scenario, tables: ScenarioTables,
+                   allowed: tuple[Schedule, ...], *, launchers: bool,
+                   candidates: list[Candidate]) -> _Waited:
+    """While the forked child works on, do what the search does anyway once the child is
+    done, one piece at a time until it is: build the launcher baselines (where asked) and
+    judge their finalists, compute the bound, judge the search's best `candidates` (which
+    may then prove needless: a core's idle time spent). The plan is the same whoever
+    finishes first."""
     waited = _Waited()
     if not beside_ready.forked:
         return waited  # a thread would only take turns with this one
-    pending = iter(candidates)
-    while not beside_ready.done():
-        if not waited.bound_known:
-            waited.bound, waited.bound_known = space_bound(scenario, allowed), True
-        elif (candidate := next(pending, None)) is not None:
-            waited.judged[id(candidate)] = evaluate(scenario, candidate.plan)
-        else:
-            break
+    work = _waiting_work(waited, scenario, tables, allowed, launchers, candidates)
+    while not beside_ready.done() and next(work, None) is not None:
+        pass
     return waited
+
+
+def _waiting_work(waited: _Waited, scenario: Scenario, tables: ScenarioTables,
+                  allowed: tuple[Schedule, ...], launchers: bool, candidates: list[Candidate]
+                  ) -> Iterator[bool]:
+    """`_while_waiting`'s pieces, in order: each yields once done."""
+    if launchers:
+        waited.launchers = launcher_baselines(tables)
+        yield True
+        for group in waited.launchers.values():
+            for candidate in baseline_finalists(group):
+                waited.judged[id(candidate)] = evaluate(scenario, candidate.plan)
+                yield True
+    waited.bound, waited.bound_known = space_bound(scenario, allowed), True
+    yield True
+    for candidate in candidates:
+        waited.judged[id(candidate)] = evaluate(scenario, candidate.plan)
+        yield True
 
 
 def _local_reason(options: SearchOptions) -> str:
@@ -440,8 +468,13 @@ def _beside(scenario: Scenario, tables: ScenarioTables, *, launchers: bool) -> B
                   launchers=_launcher_baselines(scenario, tables) if launchers else None)
 
 
-def _launcher_baselines(scenario: Scenario, tables: ScenarioTables) -> dict[str, Judged]:
-    return {name: judged(scenario, group) for name, group in launcher_baselines(tables).items()}
+def _launcher_baselines(scenario: Scenario, tables: ScenarioTables,
+                        built: dict[str, list[Candidate]] | None = None, *,
+                        known: dict[int, Evaluation] | None = None) -> dict[str, Judged]:
+    """The `homogeneous` and `unaware` baselines judged (`built`: their candidates, where
+    built before; `known`: evaluations computed before)."""
+    groups = launcher_baselines(tables) if built is None else built
+    return {name: judged(scenario, group, known) for name, group in groups.items()}
 
 
 FORK_FROM_GPUS = 128

@@ -13,8 +13,8 @@ from planner.search.drafts import Candidate
 from planner.search.polish import polish_plan
 from planner.search.refine import rebalance
 
-__all__ = ["BASELINE_FINALISTS", "FAMILY_FINALISTS", "Judged", "finalists", "judge",
-           "judge_group", "judged", "share_of_time_so_far"]
+__all__ = ["BASELINE_FINALISTS", "FAMILY_FINALISTS", "Judged", "baseline_finalists", "finalists",
+           "judge", "judge_group", "judged", "share_of_time_so_far"]
 
 REFINED = 3  # best finalists whose batch shares are then set by exact simulation
 BASELINE_FINALISTS = 4  # placed candidates of each baseline judged by the estimator
@@ -52,10 +52,17 @@ def judge_group(scenario: Scenario, group: list[Candidate], limit: int,
     return verdicts
 
 
-def judged(scenario: Scenario, group: list[Candidate]) -> Judged:
-    """A baseline's placed candidates, its best few judged by the estimator."""
-    return (judge_group(scenario, group, BASELINE_FINALISTS)
+def judged(scenario: Scenario, group: list[Candidate],
+           known: dict[int, Evaluation] | None = None) -> Judged:
+    """A baseline's placed candidates, its best few judged by the estimator (`known`:
+    evaluations computed before, by candidate id)."""
+    return (judge_group(scenario, group, BASELINE_FINALISTS, known)
             + [(c, None) for c in sorted(group, key=lambda c: c.quick_s)[BASELINE_FINALISTS:]])
+
+
+def baseline_finalists(group: list[Candidate]) -> list[Candidate]:
+    """The candidates of a baseline that `judged` may evaluate, in its order."""
+    return sorted(group, key=lambda c: c.quick_s)[:BASELINE_FINALISTS]
 
 
 def share_of_time_so_far(started: float, time_limit_s: float, share: float,

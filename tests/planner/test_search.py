@@ -15,7 +15,7 @@ from planner.documents import dump_document
 from planner.search import api
 from planner.search.aside import Aside
 from planner.search.drafts import Candidate
-from planner.search.judging import FAMILY_FINALISTS, finalists
+from planner.search.judging import FAMILY_FINALISTS, baseline_finalists, finalists
 from planner.search.templates import even_bounds
 from tests.planner.scenarios import tiny
 
@@ -182,17 +182,17 @@ def test_each_family_of_candidates_has_its_best_judged_however_the_others_are_qu
 
 def test_what_the_parent_does_while_its_child_works_leaves_the_plan_as_it_was(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """A parent that finds its forked child still working computes the bound and judges its
-    own best candidates first. Child early or late, the plan is the same. (The work aside
-    is taken as forked whatever ran it: a fork is refused where other threads run, as in
-    a test session.)"""
+    """A parent that finds its forked child still working builds and judges the launcher
+    baselines, computes the bound and judges its own best candidates first. Child early or
+    late, the plan and the baselines are the same. (The work aside is taken as forked
+    whatever ran it: a fork is refused where other threads run, as in a test session.)"""
     scenario = parse_scenario(json.loads(
         (DATA / "scenarios" / "a80x16-v32x16-gpt1.3b.json").read_text()))
     waited: list[api._Waited] = []
     original = api._while_waiting
 
-    def spied(*args: Any) -> api._Waited:
-        waited.append(original(*args))
+    def spied(*args: Any, **kwargs: Any) -> api._Waited:
+        waited.append(original(*args, **kwargs))
         return waited[-1]
 
     monkeypatch.setattr(api, "_while_waiting", spied)
@@ -202,8 +202,12 @@ def test_what_the_parent_does_while_its_child_works_leaves_the_plan_as_it_was(
         monkeypatch.setattr(Aside, "done", lambda self, done=child_done: done)
         results[child_done] = plan(scenario, SearchOptions())
     early, late = waited
-    assert not early.judged and not early.bound_known
-    assert len(late.judged) == SearchOptions().finalists and late.bound_known
+    assert not early.judged and not early.bound_known and early.launchers is None
+    assert late.launchers is not None and late.bound_known
+    baseline_judged = sum(len(baseline_finalists(group)) for group in late.launchers.values())
+    assert baseline_judged > 0
+    assert len(late.judged) == baseline_judged + SearchOptions().finalists
+    assert results[True].baselines == results[False].baselines
     ready, busy = (results[done].plan.model_dump(exclude={"search": {"wall_s"}})
                    for done in (True, False))
     assert ready == busy
