@@ -259,8 +259,8 @@ def _searched(
     replicated = launcher_candidates(tables, templates, even=False)
     candidates = [*allocated, *replicated]
     report(0.7, "building baselines")
-    # The launcher baselines are judged only once the child is back: built and judged while
-    # it still works, they cost no time where it is the slower of the two.
+    # Nothing needs the launcher baselines before the child is back: built and judged while
+    # it still works, they cost no time where the child is the slower of the two.
     waited = _while_waiting(beside_ready, searched, tables, allowed, launchers=not local,
                             candidates=[] if local else sorted(
                                 [*allocated, *replicated],
@@ -367,7 +367,7 @@ def _while_waiting(beside_ready: Aside[Beside], scenario: Scenario, tables: Scen
 def _waiting_work(waited: _Waited, scenario: Scenario, tables: ScenarioTables,
                   allowed: tuple[Schedule, ...], launchers: bool, candidates: list[Candidate]
                   ) -> Iterator[bool]:
-    """`_while_waiting`'s pieces, in order: each yields once done."""
+    """`_while_waiting`'s pieces, in order: each yields True once it is done."""
     if launchers:
         waited.launchers = launcher_baselines(tables)
         yield True
