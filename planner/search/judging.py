@@ -56,12 +56,13 @@ def judged(scenario: Scenario, group: list[Candidate],
            known: dict[int, Evaluation] | None = None) -> Judged:
     """A baseline's placed candidates, its best few judged by the estimator (`known`:
     evaluations computed before, by candidate id)."""
-    return (judge_group(scenario, group, BASELINE_FINALISTS, known)
+    return (judge_group(scenario, baseline_finalists(group), BASELINE_FINALISTS, known)
             + [(c, None) for c in sorted(group, key=lambda c: c.quick_s)[BASELINE_FINALISTS:]])
 
 
 def baseline_finalists(group: list[Candidate]) -> list[Candidate]:
-    """The candidates of a baseline that `judged` may evaluate, in its order."""
+    """The candidates of a baseline that `judged` may evaluate, in its order (the search's
+    wait evaluates these ahead of it)."""
     return sorted(group, key=lambda c: c.quick_s)[:BASELINE_FINALISTS]
 
 
