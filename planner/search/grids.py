@@ -65,8 +65,20 @@ path of the forked child that the search waits for, and planning time has its ta
 512 GPUs and more (32,768 cells cost the child 0.04-0.12 s there, and 8,192 up to 0.09 s on
 the 130-layer input, which made it the longer path)."""
 SWEPT_CELLS_LARGE_FLEET = 2048
+BEYOND_CELLS_LARGE_FLEET = 8192
+"""Past SWEPT_CELLS_LARGE_FLEET, structures are still swept up to this many cells on large
+fleets, and the KEPT_BEYOND of least rough time among their drafts are placed beside the
+KEPT of the first ones. The closed form misranks structures of many replicas: on a
+perturbed 448-GPU input the best grid was 16th of its subset, out of reach of 2,048 cells,
+and the input's quarter planned and laid down four times was 4.9% faster than the plan.
+On 240 perturbed inputs at four times their size, ten plans faster (up to 8.7%). Kept
+apart, as a family of their own among the search's finalists, because the quick estimates
+misrank them too: taken together, the new ones crowded out drafts that placed better (two
+plans 0.6-1.5% slower). They get no least-time split: the same plans, for 3-4% less of the
+planning time at 512 GPUs (BENCHMARKS 3)."""
 KEPT = 6
 """Grid drafts, least rough time first, placed and offered to the search."""
+KEPT_BEYOND = 3
 TP_PER_CLASS = 3
 """tp options per class and micro-batch size, fastest per GPU first. A third one lets a
 class trade some speed per GPU for fewer, larger stages (on a perturbed 32-GPU LLaMA-7B
@@ -91,9 +103,10 @@ class _Grid:
     """Stages of each class in one replica."""
 
 
-def grid_candidates(tables: ScenarioTables) -> list[Candidate]:
-    """Placed grids, best first by the quick estimate. Each class's homogeneous pipelines
-    of every depth rank its tp (swept once per search: free after the per-type baseline)."""
+def grid_candidates(tables: ScenarioTables) -> list[list[Candidate]]:
+    """Placed grids, one family per sweep budget (one, or two on large fleets), each best
+    first by the quick estimate. Each class's homogeneous pipelines of every depth rank its
+    tp (swept once per search: free after the per-type baseline)."""
     if len(tables.classes) < 2:
         return []
     ctx = TemplateContext(tables, tables.scenario.job.schedule)
@@ -109,13 +122,18 @@ def grid_candidates(tables: ScenarioTables) -> list[Candidate]:
     per_param = np.array([state_bytes_per_param(tables.scenario, n).total
                           for n in range(1, most + 1)])
     gpus = sum(c.num_gpus for c in tables.classes)
-    cells = SWEPT_CELLS if gpus <= SWEPT_CELLS_FULL_UP_TO else SWEPT_CELLS_LARGE_FLEET
+    budgets = ((SWEPT_CELLS, KEPT),) if gpus <= SWEPT_CELLS_FULL_UP_TO else (
+        (SWEPT_CELLS_LARGE_FLEET, KEPT), (BEYOND_CELLS_LARGE_FLEET, KEPT_BEYOND))
     swept = [found for subset in _subsets(tables)
-             for found in _swept_within(ctx, _least(ctx, subset, best_tp, per_param), cells)]
-    drafts = (replicas_draft(tables, template, grid.replicas, "identical pipelines through "
-                             + ", ".join(dict.fromkeys(s.gpu_type for s in template.stages)))
-              for grid, template in swept)
-    return best_realized(tables, drafts, KEPT)
+             for found in _swept_within(ctx, _least(ctx, subset, best_tp, per_param),
+                                        [cells for cells, _ in budgets])]
+    families = []
+    for tier, (_, kept) in enumerate(budgets):
+        drafts = (replicas_draft(tables, template, grid.replicas, "identical pipelines through "
+                                 + ", ".join(dict.fromkeys(s.gpu_type for s in template.stages)))
+                  for within, grid, template in swept if within == tier)
+        families.append(best_realized(tables, drafts, kept))
+    return families
 
 
 def _best_tp(tables: ScenarioTables, templates: Sequence[PipelineTemplate]
@@ -151,25 +169,28 @@ def _subsets(tables: ScenarioTables) -> list[tuple[ResourceClass, ...]]:
     return [classes] + [tuple(c for c in classes if c is not left) for left in classes]
 
 
-def _swept_within(ctx: TemplateContext, ranked: Iterator[_Grid], most_cells: float
-                  ) -> Iterator[tuple[_Grid, PipelineTemplate]]:
+def _swept_within(ctx: TemplateContext, ranked: Iterator[_Grid], budgets: Sequence[float]
+                  ) -> Iterator[tuple[int, _Grid, PipelineTemplate]]:
     """The pipelines of the first SWEPT structures of `ranked` that give any, passing over
     fewer than SWEPT that give none (a structure the closed form let through may not fit in
-    memory once split), then of more while their sweeps cover at most `most_cells` cells
-    (layers x stages x orders of the classes). On thousands of GPUs most structures ranked
-    first may not fit: passing over every one of them tripled the grids' time at 8,192."""
+    memory once split), then of more while their sweeps cover at most `budgets[-1]` cells
+    (layers x stages x orders of the classes), each with the index of the first budget
+    its sweep is within (past the first, without least-time splits). On thousands of GPUs
+    most structures ranked first may not fit: passing over every one of them tripled the
+    grids' time at 8,192."""
     kept = failed = 0
     cells = 0
     for grid in ranked:
         if kept >= SWEPT or failed >= SWEPT:
             cells += ctx.tables.num_layers * sum(grid.stages) * len(_class_orders(ctx.tables,
                                                                                grid))
-            if cells > most_cells:
+            if cells > budgets[-1]:
                 return
-        found = list(_swept(ctx, grid))
+        within = next(i for i, most in enumerate(budgets) if cells <= most)
+        found = list(_swept(ctx, grid, least_time=within == 0))
         kept += bool(found)
         failed += not found
-        yield from ((grid, template) for template in found)
+        yield from ((within, grid, template) for template in found)
 
 
 def _least(ctx: TemplateContext, subset: tuple[ResourceClass, ...],
@@ -325,17 +346,19 @@ def _class_orders(tables: ScenarioTables, grid: _Grid
     return [tuple(by_memory), tuple(reversed(by_memory))]
 
 
-def _swept(ctx: TemplateContext, grid: _Grid) -> Iterator[PipelineTemplate]:
+def _swept(ctx: TemplateContext, grid: _Grid, *, least_time: bool = True
+           ) -> Iterator[PipelineTemplate]:
     """The grid's pipelines in each order of its classes, with their least-bottleneck splits
     and, where faster, their splits of least time for the grid's micro-batches."""
     micro_batches = -(-ctx.scenario.job.global_batch_size // (grid.replicas * grid.micro_batch))
     for order in _class_orders(ctx.tables, grid):
         stages = [StageShape(resource=c.key, tp=tp) for c, tp, s in order for _ in range(s)]
-        yield from _split(ctx, stages, grid.micro_batch, grid.replicas, micro_batches)
+        yield from _split(ctx, stages, grid.micro_batch, grid.replicas, micro_batches,
+                          least_time=least_time)
 
 
 def _split(ctx: TemplateContext, stages: list[StageShape], b: int, replicas: int,
-           micro_batches: int) -> Iterator[PipelineTemplate]:
+           micro_batches: int, *, least_time: bool = True) -> Iterator[PipelineTemplate]:
     """The least-bottleneck split of `stages` and, where it is faster for the grid's
     micro-batches, the split of least time (few micro-batches: the fill weighs), a class's
     neighbouring stages priced at its node's link (placed stage-major, they are not: the
@@ -351,9 +374,9 @@ def _split(ctx: TemplateContext, stages: list[StageShape], b: int, replicas: int
         if not sweep.extendable() and k < depth:
             return
     # Under `local` the fill model does not hold, and the shared split replaces this one.
-    least_time = (None if ctx.schedule is Schedule.LOCAL
-                  else sweep.extract_least_time(depth, micro_batches))
-    for part in (sweep.extract(depth), least_time):
+    timed = (None if ctx.schedule is Schedule.LOCAL or not least_time
+             else sweep.extract_least_time(depth, micro_batches))
+    for part in (sweep.extract(depth), timed):
         template = None if part is None else template_from_partition(ctx, sweep.specs, part, b,
                                                                      stages)
         if template is not None:

@@ -66,14 +66,16 @@ def _check_candidates_cross_from_the_child_unbuilt() -> None:
     with Aside(functools.partial(_beside_and_pid, scenario, tables), fork=True) as aside:
         pid, crossed = aside.result()
     assert aside.forked and pid != os.getpid()  # found in the child, not redone here
-    assert all("plan" not in vars(c) for c in crossed.grids)  # none judged there: unbuilt
+    crossed_grids = [c for family in crossed.grids for c in family]
+    assert all("plan" not in vars(c) for c in crossed_grids)  # none judged there: unbuilt
     here = api._beside(scenario, tables, launchers=True)
     assert crossed.launchers is not None and here.launchers is not None
     judged = [(crossed.per_type, here.per_type)] + [
         (crossed.launchers[name], here.launchers[name]) for name in here.launchers]
     pairs = ([(a, b) for there, local in judged for (a, _), (b, _) in zip(there, local,
                                                                             strict=True)]
-             + list(zip(crossed.grids, here.grids, strict=True)))
+             + list(zip(crossed_grids, [c for family in here.grids for c in family],
+                        strict=True)))
     assert pairs
     for there, local in pairs:
         assert there.quick_s == local.quick_s and there.origin == local.origin

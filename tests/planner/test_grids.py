@@ -87,7 +87,7 @@ def test_grid_candidates_are_valid_plans_of_identical_replicas(batch: int) -> No
     """Replicas share their stages and micro-batch size; where their count does not divide
     the batch (63 samples), their micro-batch counts differ by one at most."""
     scenario = parse_scenario(memory_bound({"X": 6, "Y": 4, "Z": 2}, batch=batch))
-    found = grids.grid_candidates(compile_tables(scenario))
+    found = [c for family in grids.grid_candidates(compile_tables(scenario)) for c in family]
     assert found
     uneven = 0
     for candidate in found:
@@ -183,11 +183,59 @@ def test_structures_that_do_not_fit_do_not_count_among_the_first_swept() -> None
     ctx = TemplateContext(tables, tables.scenario.job.schedule)
     ranked = [grids._Grid(classes=tables.classes, micro_batch=1, tp=(1, 1), replicas=n,
                           stages=(12 // n, 12 // n)) for n in (12, 6, 4, 3, 2, 1)]
-    swept = list(grids._swept_within(ctx, iter(ranked), most_cells=0))
-    assert {grid.replicas for grid, _ in swept} == {4, 3, 2}
+    swept = list(grids._swept_within(ctx, iter(ranked), budgets=[0]))
+    assert {grid.replicas for _, grid, _ in swept} == {4, 3, 2}
     fewer = list(grids._swept_within(ctx, iter([ranked[0], ranked[1], ranked[5], *ranked[2:5]]),
-                                     most_cells=0))
-    assert {grid.replicas for grid, _ in fewer} == set()
+                                     budgets=[0]))
+    assert {grid.replicas for _, grid, _ in fewer} == set()
+
+
+def test_structures_past_the_first_budget_come_as_a_lot_of_their_own() -> None:
+    # The fleet above: 4, 3 and 2 replicas fit. Past the three swept whatever the budget, a
+    # structure costs layers x stages x orders of cells: 12 x 6 x 2 = 144 for 4 replicas,
+    # then 12 x 8 x 2 more for 3. A second budget of 150 cells takes the first and stops at
+    # the second; what it takes is swept without the least-time split.
+    doc = memory_bound({"X": 2, "Y": 2}, gpus=12, batch=12)
+    tables = compile_tables(parse_scenario(doc))
+    ctx = TemplateContext(tables, tables.scenario.job.schedule)
+    grid = {n: grids._Grid(classes=tables.classes, micro_batch=1, tp=(1, 1), replicas=n,
+                           stages=(12 // n, 12 // n)) for n in (4, 3, 2)}
+    order = [grid[4], grid[3], grid[2], grid[4], grid[3]]
+    swept = list(grids._swept_within(ctx, iter(order), budgets=[0, 150]))
+    lots = [(within, g.replicas) for within, g, _ in swept]
+    assert {r for w, r in lots if w == 0} == {4, 3, 2}
+    assert [r for w, r in lots if w == 1] == [4] * len([r for w, r in lots if w == 1]) != []
+    first = [t for w, g, t in swept if w == 0 and g.replicas == 4]
+    second = [t for w, g, t in swept if w == 1]
+    def splits(templates: list[Any]) -> list[tuple[Any, ...]]:
+        return [(t.stages, t.partition.bounds) for t in templates]
+
+    assert splits(second) == splits(list(grids._swept(ctx, grid[4], least_time=False)))
+    assert set(splits(second)) <= set(splits(first))
+    # Where the fill weighs (2 micro-batches per replica), the least-time split is a
+    # pipeline more, which only the first lot gets.
+    fill = compile_tables(parse_scenario(fast_and_slow(2.0, 8, 5.0)))
+    fill_ctx = TemplateContext(fill, fill.scenario.job.schedule)
+    pairs = grids._Grid(classes=fill.classes, micro_batch=1, tp=(1, 1), replicas=4,
+                        stages=(1, 1))
+    lots = [within for within, _, _ in grids._swept_within(
+        fill_ctx, iter([pairs] * (grids.SWEPT + 1)), budgets=[0, math.inf])]
+    assert (lots.count(0), lots.count(1)) == (3 * grids.SWEPT, 2)
+
+
+def test_large_fleets_get_the_grids_of_the_second_budget_as_their_own_family() -> None:
+    doc = memory_bound({"X": 6, "Y": 4, "Z": 2}, gpus=8, batch=1024)
+    doc["cluster"]["nodes"] = [dict(node, name=f"{node['name']}{i}")
+                               for i in range(12) for node in doc["cluster"]["nodes"]]
+    tables = compile_tables(parse_scenario(doc))
+    assert sum(c.num_gpus for c in tables.classes) > grids.SWEPT_CELLS_FULL_UP_TO
+    families = grids.grid_candidates(tables)
+    assert len(families) == 2
+    assert len(families[0]) <= 2 * grids.KEPT and len(families[1]) <= 2 * grids.KEPT_BEYOND
+    seen = {id(c) for c in families[0]}
+    assert all(id(c) not in seen for c in families[1])
+    small = memory_bound({"X": 6, "Y": 4, "Z": 2}, gpus=8, batch=64)
+    assert len(grids.grid_candidates(compile_tables(parse_scenario(small)))) == 1
 
 
 def test_grids_are_ranked_by_the_stages_whole_layers_can_balance() -> None:
