@@ -75,7 +75,7 @@ On 240 perturbed inputs at four times their size, ten plans faster (up to 8.7%).
 apart, as a family of their own among the search's finalists, because the quick estimates
 misrank them too: taken together, the new ones crowded out drafts that placed better (two
 plans 0.6-1.5% slower). They get no least-time split: the same plans there, and at 512
-GPUs 3-7% more planning time than without the second lot instead of 3-14% (BENCHMARKS 3)."""
+GPUs 1-8% more planning time than without the second lot instead of 3-14% (BENCHMARKS 3)."""
 KEPT = 6
 """Grid drafts, least rough time first, placed and offered to the search."""
 KEPT_BEYOND = 3
