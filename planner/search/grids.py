@@ -128,10 +128,10 @@ def grid_candidates(tables: ScenarioTables) -> list[list[Candidate]]:
              for found in _swept_within(ctx, _least(ctx, subset, best_tp, per_param),
                                         [cells for cells, _ in budgets])]
     families = []
-    for tier, (_, kept) in enumerate(budgets):
+    for lot, (_, kept) in enumerate(budgets):
         drafts = (replicas_draft(tables, template, grid.replicas, "identical pipelines through "
                                  + ", ".join(dict.fromkeys(s.gpu_type for s in template.stages)))
-                  for within, grid, template in swept if within == tier)
+                  for within, grid, template in swept if within == lot)
         families.append(best_realized(tables, drafts, kept))
     return families
 
