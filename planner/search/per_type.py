@@ -18,6 +18,8 @@ judging:
 2. From each of those sets, coordinate descent: one class at a time moves to
    the option (or none) of least estimated iteration time (that least time
    plus the sync ring's estimate), until no class moves.
+Options are timed as their copies will be placed, node after node: at the worst
+start in a node any of them gets (`_straddle_s`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.costs import zone_link
+from planner.documents import Schedule
 from planner.search.tables import ResourceClass, ScenarioTables
 from planner.search.templates import PipelineTemplate, TemplateContext, homogeneous_templates
 
@@ -111,8 +114,9 @@ class _ClassArrays:
         self.min_pipelines = np.array([o.min_pipelines for o in group], dtype=float)
         # Samples per micro-batch slot of all copies.
         self.samples = self.copies * np.array([x.micro_batch for x in t], dtype=float)
-        self.fill = np.array([x.fill_s for x in t])
-        self.bottleneck = np.array([x.bottleneck_s for x in t])
+        straddle = _straddle_s(tables, group)
+        self.fill = np.array([x.fill_s for x in t]) + straddle
+        self.bottleneck = np.array([x.bottleneck_s for x in t]) + straddle
         self.cap = np.array([x.max_micro_batches or 10**9 for x in t], dtype=float)
         # Per stage, parameters per GPU and layers: the sync ring's bytes and latency steps.
         # Shallower pipelines are padded with empty stages at tp 1 (no bytes, no layers).
@@ -133,6 +137,53 @@ class _ClassArrays:
         whole = np.floor((target - self.fill[index]) / self.bottleneck[index]) + 1
         whole = np.minimum(np.maximum(whole, 0), self.cap[index])
         return self.samples[index] * whole
+
+
+def _straddle_s(tables: ScenarioTables, group: Sequence[ClassOption]) -> np.ndarray:
+    """Per option of one class, what packing its copies node after node adds to its
+    heaviest stage's time per micro-batch. A template is split and priced for a copy that
+    starts at a node's first GPU; copies that start later in a node cross nodes at other
+    boundaries, where each stage beside a crossing sends or receives across nodes in its
+    forward and its backward (blocking transfers). The plan waits for its slowest copy: the
+    worst start counts."""
+    added = np.zeros(len(group))
+    scenario = tables.scenario
+    # Under `local` the templates price every transfer across nodes (they only rank).
+    if (not scenario.job.blocking_transfers or tables.num_layers < 2
+            or scenario.job.schedule is Schedule.LOCAL):
+        return added
+    cls = next(c for c in tables.classes if c.key == group[0].template.stages[0].resource)
+    inside = scenario.cluster.intra_node[cls.gpu_type]
+    across = zone_link(scenario, cls.zone, cls.zone)
+    moved = float(tables.output_bytes[:-1].max())
+    known: dict[tuple[int, int], float] = {}  # by template and copies that matter
+    for k, option in enumerate(group):
+        template = option.template
+        tp, depth = template.stages[0].tp, template.num_stages
+        per_node = cls.largest_node // tp if tp * 2 <= cls.largest_node else 1
+        if (option.copies < 2 or depth < 2 or per_node < 2 or per_node % depth == 0
+                or depth % per_node == 0):
+            continue
+        key = (id(template), min(option.copies, per_node))
+        if key in known:
+            added[k] = known[key]
+            continue
+        b = template.micro_batch
+        per_crossing = 2 * max(0.0, moved * b / (across.bandwidth_gb_per_s * 1e9)
+                               + across.latency_us * 1e-6
+                               - moved * b / (inside.bandwidth_gb_per_s * 1e9)
+                               - inside.latency_us * 1e-6)
+        starts = np.array(sorted({(i * depth) % per_node
+                                  for i in range(min(option.copies, per_node))}))
+        # Per start (rows), per stage: the crossings beside it.
+        crossing = ((starts[:, None] + np.arange(1, depth)[None, :]) % per_node == 0)
+        beside = np.zeros((len(starts), depth))
+        beside[:, :-1] += crossing
+        beside[:, 1:] += crossing
+        aligned = np.array(template.partition.stage_s) - per_crossing * beside[starts == 0]
+        worst = float((aligned + per_crossing * beside).max())
+        added[k] = known[key] = max(0.0, worst - template.bottleneck_s)
+    return added
 
 
 def _covered(groups: Sequence[_ClassArrays], choice: Choice, target: np.ndarray) -> np.ndarray:
