@@ -349,7 +349,8 @@ def _class_orders(tables: ScenarioTables, grid: _Grid
 def _swept(ctx: TemplateContext, grid: _Grid, *, least_time: bool = True
            ) -> Iterator[PipelineTemplate]:
     """The grid's pipelines in each order of its classes, with their least-bottleneck splits
-    and, where faster, their splits of least time for the grid's micro-batches."""
+    and (if `least_time`), where faster, their splits of least time for the grid's
+    micro-batches."""
     micro_batches = -(-ctx.scenario.job.global_batch_size // (grid.replicas * grid.micro_batch))
     for order in _class_orders(ctx.tables, grid):
         stages = [StageShape(resource=c.key, tp=tp) for c, tp, s in order for _ in range(s)]

@@ -31,9 +31,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.costs import zone_link
-from planner.documents import Schedule
 from planner.search.tables import ResourceClass, ScenarioTables
-from planner.search.templates import PipelineTemplate, TemplateContext, homogeneous_templates
+from planner.search.templates import (
+    PipelineTemplate,
+    TemplateContext,
+    homogeneous_templates,
+    stages_per_node,
+)
 
 __all__ = ["ClassOption", "class_options", "per_type_choices"]
 
@@ -147,20 +151,19 @@ def _straddle_s(tables: ScenarioTables, group: Sequence[ClassOption]) -> np.ndar
     forward and its backward (blocking transfers). The plan waits for its slowest copy: the
     worst start counts."""
     added = np.zeros(len(group))
-    scenario = tables.scenario
-    # Under `local` the templates price every transfer across nodes (they only rank).
-    if (not scenario.job.blocking_transfers or tables.num_layers < 2
-            or scenario.job.schedule is Schedule.LOCAL):
+    ctx = TemplateContext(tables, tables.scenario.job.schedule)
+    if not ctx.blocking or tables.num_layers < 2:
         return added
-    cls = next(c for c in tables.classes if c.key == group[0].template.stages[0].resource)
-    inside = scenario.cluster.intra_node[cls.gpu_type]
-    across = zone_link(scenario, cls.zone, cls.zone)
+    cls = ctx.by_key[group[0].template.stages[0].resource]
+    inside = ctx.link(cls.key, cls.key, same_node=True)
+    across = ctx.link(cls.key, cls.key, same_node=False)
     moved = float(tables.output_bytes[:-1].max())
     known: dict[tuple[int, int], float] = {}  # by template and copies that matter
     for k, option in enumerate(group):
         template = option.template
-        tp, depth = template.stages[0].tp, template.num_stages
-        per_node = cls.largest_node // tp if tp * 2 <= cls.largest_node else 1
+        depth = template.num_stages
+        # As the template's split priced them (none apart under `local`).
+        per_node = stages_per_node(cls, template.stages[0].tp, ctx.schedule)
         if (option.copies < 2 or depth < 2 or per_node < 2 or per_node % depth == 0
                 or depth % per_node == 0):
             continue
@@ -169,10 +172,8 @@ def _straddle_s(tables: ScenarioTables, group: Sequence[ClassOption]) -> np.ndar
             added[k] = known[key]
             continue
         b = template.micro_batch
-        per_crossing = 2 * max(0.0, moved * b / (across.bandwidth_gb_per_s * 1e9)
-                               + across.latency_us * 1e-6
-                               - moved * b / (inside.bandwidth_gb_per_s * 1e9)
-                               - inside.latency_us * 1e-6)
+        per_crossing = 2 * max(0.0, moved * b / across.bytes_per_s + across.latency_s
+                               - moved * b / inside.bytes_per_s - inside.latency_s)
         starts = np.array(sorted({(i * depth) % per_node
                                   for i in range(min(option.copies, per_node))}))
         # Per start (rows), per stage: the crossings beside it.

@@ -31,7 +31,8 @@ from planner.search.tables import ResourceClass, ScenarioTables
 
 __all__ = [
     "StageShape", "PipelineTemplate", "generate_templates", "TemplateLimits", "TemplateContext",
-    "even_bounds", "homogeneous_templates", "rings_s", "template_from_partition",
+    "even_bounds", "homogeneous_templates", "rings_s", "stages_per_node",
+    "template_from_partition",
 ]
 
 ClassKey = tuple[str, str | None]
@@ -348,13 +349,8 @@ def _every_depth(
         # Pipelines are placed stage after stage, node after node: a transfer crosses nodes
         # after every `per_node` stages from the front. Counted from the end, as the DP
         # sweeps, that pattern depends on the depth modulo `per_node`: one sweep each.
-        # Under `local` these splits only rank depths, points and counts: the shared split
-        # replaces them, and the estimator judges every plan. One sweep prices every
-        # transfer across nodes (on 83 local inputs no plan was slower, three 0.1-0.3%
-        # faster, and the child's sweeps took half the time).
         local = ctx.schedule is Schedule.LOCAL
-        per_node = (max(1, cls.largest_node // tp) if tp * 2 <= cls.largest_node and not local
-                    else 1)
+        per_node = stages_per_node(cls, tp, ctx.schedule)
         inside = ctx.link(cls.key, cls.key, same_node=True)
         across = ctx.link(cls.key, cls.key, same_node=False)
         residues = range(min(per_node, max_stages))
@@ -380,6 +376,18 @@ def _every_depth(
                                                     b, _segments(shape, None, 0, depth))
                 if template is not None:
                     yield template
+
+
+def stages_per_node(cls: ResourceClass, tp: int, schedule: Schedule) -> int:
+    """Stages at `tp` that the every-depth templates of `cls` put on a node before a transfer
+    crosses to the next (1: every transfer priced across nodes). Under `local` these splits
+    only rank depths, points and counts: the shared split replaces them, and the estimator
+    judges every plan. One sweep prices every transfer across nodes there (on 83 local
+    inputs no plan was slower, three 0.1-0.3% faster, and the child's sweeps took half the
+    time)."""
+    if tp * 2 > cls.largest_node or schedule is Schedule.LOCAL:
+        return 1
+    return cls.largest_node // tp
 
 
 def _aligned_spec(ctx: TemplateContext, shape: StageShape, b: int, per_node: int, residue: int,
