@@ -6,12 +6,12 @@ share of each class: n replicas, each with slots_c / n stages of class c in a ro
 class's tp), the classes in some order, the layers split by speed. The `unaware` baseline
 has this shape with an even split, and the two-segment templates have two classes with
 tails of a few sizes; here every class of a subset is in each replica: all classes and,
-with three or more, all but one (a slow type left idle). Each class runs at one of the two
-tp its fastest homogeneous pipelines use at the micro-batch size (by compute where it has
-none), for every replica count that splits every class evenly and leaves each replica a
-micro-batch (the shares of the batch differing by one micro-batch where the count does not
-divide it: counts dividing the batch alone were few on large fleets, none at 4,080 GPUs of
-the benchmark inputs).
+with three or more, all but one (a slow type left idle). Each class runs at one of three
+tp: those its fastest homogeneous pipelines use at the micro-batch size, then those of least
+compute per sample (where its pipelines fit at fewer tp, or at none), for every replica
+count that splits every class evenly and leaves each replica a micro-batch (the shares of
+the batch differing by one micro-batch where the count does not divide it: counts dividing
+the batch alone were few on large fleets, none at 4,080 GPUs of the benchmark inputs).
 
 Those structures are many (subsets x micro-batch sizes x tp per class x counts, then
 orders of the classes), and each needs a layer DP: each is first estimated in closed form
@@ -29,6 +29,7 @@ import heapq
 import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -138,9 +139,13 @@ def grid_candidates(tables: ScenarioTables) -> list[list[Candidate]]:
 
 def _best_tp(tables: ScenarioTables, templates: Sequence[PipelineTemplate]
              ) -> dict[tuple[ClassKey, int], list[int]]:
-    """Per class and micro-batch size, the tp of its fastest homogeneous pipelines per GPU;
-    where it has none (a class too small or too memory-poor to hold the model alone), the
-    tp of least compute per sample."""
+    """Per class and micro-batch size, the tp of its fastest homogeneous pipelines per GPU,
+    then those of least compute per sample. A class too small or too memory-poor to hold
+    the model alone at some tp (or at any) may still hold a grid's few layers there: the
+    T4s of a perturbed GPT-2.7B input fit homogeneous pipelines at micro-batch 2 only at tp
+    4 (a deep pipeline's first stages hold many micro-batches' activations), yet the best
+    grid ends in a T4 at tp 1; offered tp 4 alone, its 320-GPU plan was 8% slower than its
+    80-GPU quarter's laid down four times."""
     by_pipeline: dict[tuple[ClassKey, int], dict[int, float]] = {}
     for t in templates:
         shapes = set(t.stages)
@@ -156,8 +161,11 @@ def _best_tp(tables: ScenarioTables, templates: Sequence[PipelineTemplate]
                 by_compute.setdefault((cls.key, b), {})[tp] = b / (tp * float(point.compute_s[-1]))
     best = {}
     for key, rates in by_compute.items():
-        ranked = by_pipeline.get(key) or rates
-        best[key] = sorted(ranked, key=lambda tp: (-ranked[tp], tp))[:TP_PER_CLASS]
+        pipelines = by_pipeline.get(key, {})
+        ranked = (sorted(pipelines, key=lambda tp: (-pipelines[tp], tp))
+                  + sorted((tp for tp in rates if tp not in pipelines),
+                           key=lambda tp: (-rates[tp], tp)))
+        best[key] = ranked[:TP_PER_CLASS]
     return best
 
 
@@ -207,7 +215,8 @@ def _least(ctx: TemplateContext, subset: tuple[ResourceClass, ...],
     it charges every stage a transfer in and out both ways at the cheapest link any class
     has, and adds the sync ring of each class's stages, their parameters in proportion to
     their share of the model, inside a node where n holders fit in one. Where a stage's state alone
-    would not fit, the grid is ruled out. Estimated for all tp choices and counts of a
+    would not fit, or the stages could not hold the model with the activations they keep
+    (`_layers_fit`), the grid is ruled out. Estimated for all tp choices and counts of a
     micro-batch size at once (thousands of structures on six classes). `per_param[n - 1]`:
     state bytes per parameter with n replicas."""
     tables, job = ctx.tables, ctx.scenario.job
@@ -270,9 +279,73 @@ def _least(ctx: TemplateContext, subset: tuple[ResourceClass, ...],
     every = _Estimates(**{name: np.concatenate([getattr(f, name) for f in found])
                           for name in _Estimates.__dataclass_fields__})
     for r in _by_whole_layers(every, tables.num_layers):
-        yield _Grid(classes=subset, micro_batch=int(every.micro_batch[r]),
-                    tp=tuple(int(tp) for tp in every.tps[r]), replicas=int(every.counts[r]),
-                    stages=tuple(int(x) for x in every.stages[r]))
+        grid = _Grid(classes=subset, micro_batch=int(every.micro_batch[r]),
+                     tp=tuple(int(tp) for tp in every.tps[r]), replicas=int(every.counts[r]),
+                     stages=tuple(int(x) for x in every.stages[r]))
+        # Checked as the caller takes them (a few of thousands), not for every row.
+        if _layers_fit(ctx, grid, float(per_param[grid.replicas - 1])):
+            yield grid
+
+
+def _layers_fit(ctx: TemplateContext, grid: _Grid, per_param: float) -> bool:
+    """Whether the grid's stages (`per_param`: state bytes per parameter), in some order of
+    its classes that `_swept` tries, could hold the model with the micro-batches each keeps
+    in flight as the layer DP counts them: every stage at least one layer (the first stage
+    the first, the last the last, the others any but those), and all of them together
+    every layer, each holding as many as the cheapest of the layers it may hold allows.
+    Where they cannot, the DP is sure to find nothing: on a memory-tight LLaMA-7B input,
+    structures of 6 to 17 V100 stages at micro-batch 2 (the first ones keeping up to 16
+    micro-batches) ranked first and used up the cells that reached the one that won."""
+    depth = sum(grid.stages)
+    for order in _class_orders(ctx.tables, grid):
+        held, behind = 0.0, 0
+        for position, (cls, tp, stages) in enumerate(reversed(order)):
+            inner, ends = _stage_layers(ctx, cls, grid.micro_batch, tp, per_param)
+            top = behind + stages
+            # Its middle stages are k = low+1 .. high from the back; the last (k = 1) and
+            # the first (k = depth) have their own counts.
+            low = behind + (position == 0)
+            high = max(top - (position == len(order) - 1), low)
+            if high > low and inner[high] - inner[high - 1] < 1:  # fewer as k grows
+                break
+            held += inner[high] - inner[low]
+            if position == 0:
+                held += ends[1][1]
+            if position == len(order) - 1:
+                held += ends[depth][0]
+            behind = top
+        else:
+            if held >= ctx.tables.num_layers:
+                return True
+    return False
+
+
+def _stage_layers(ctx: TemplateContext, cls: ResourceClass, b: int, tp: int, per_param: float
+                  ) -> tuple[list[float], list[tuple[float, float]]]:
+    """For stages of `cls` at (b, tp) k-th from the back (k = 0 .. the deepest pipeline):
+    the most middle layers one holds, summed over 1..k, and the most layers the first and
+    the last stage hold (-inf where their own layer does not fit). Shared by a search."""
+    tables = ctx.tables
+    key = ("stage layers", cls.gpu_type, b, tp, per_param, ctx.schedule)
+    found = tables.matrices.get(key)
+    if found is None:
+        num_layers = tables.num_layers
+        most = (-(-ctx.scenario.job.global_batch_size // b)
+                if ctx.schedule is Schedule.ONE_F_ONE_B else 1)
+        flight = np.minimum(np.arange(tables.max_stages + 1), most)
+        acts = np.diff(tables.points[(cls.gpu_type, b, tp)].activation_bytes)
+        cost = np.diff(tables.params) / tp * per_param + flight[:, None] * acts  # (k, layer)
+        cheapest = (cost[:, 1:-1].min(axis=1) if num_layers > 2
+                    else np.full(len(flight), np.inf))
+        capacity = tables.capacity_bytes[cls.gpu_type]
+        each = np.floor(capacity / cheapest)
+        each[0] = 0
+        room = capacity - cost[:, [0, num_layers - 1]]  # beside its own end layer
+        ends = np.where(room >= 0, 1 + np.floor(np.maximum(room, 0) / cheapest[:, None]),
+                        -np.inf)
+        found = tables.matrices[key] = (np.cumsum(each).tolist(),
+                                        [tuple(row) for row in ends.tolist()])
+    return cast(tuple[list[float], list[tuple[float, float]]], found)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from planner import SearchOptions, evaluate, parse_plan, parse_scenario, plan
@@ -15,7 +16,7 @@ from planner.costs import state_bytes_per_param
 from planner.search import drafts, grids
 from planner.search.quick import replicas_sync_s
 from planner.search.tables import compile_tables
-from planner.search.templates import StageShape, TemplateContext
+from planner.search.templates import PipelineTemplate, StageShape, TemplateContext
 from tests.planner.scenarios import tiny
 
 LAYER_STATE_GIB = 100_000_000 * 18 / 2**30  # one layer's weights, grads and Adam state
@@ -221,6 +222,89 @@ def test_structures_past_the_first_budget_come_as_a_lot_of_their_own() -> None:
     lots = [within for within, _, _ in grids._swept_within(
         fill_ctx, iter([pairs] * (grids.SWEPT + 1)), budgets=[0, math.inf])]
     assert (lots.count(0), lots.count(1)) == (3 * grids.SWEPT, 2)
+
+
+def test_tps_whose_homogeneous_pipelines_do_not_fit_still_come_after_those_that_do() -> None:
+    # X and Y profiled at tp 1, 2 and 4, tp 1 the least compute per sample, then 2, then 4.
+    # X's homogeneous pipelines fit at tp 2 only (as T4s of a GPT-2.7B input do at
+    # micro-batch 2: sixteen of them, each holding a few of a deep pipeline's in-flight
+    # activations at tp 4 only); in a grid a class holds a few layers and may run at the
+    # others. Y has no homogeneous pipeline at all: ranked by compute alone.
+    doc = memory_bound({"X": 6, "Y": 4}, gpus=4)
+    doc["profiles"] += [dict(row, tp=tp, forward_ms=row["forward_ms"] * factor,
+                             backward_ms=row["backward_ms"] * factor)
+                        for row in list(doc["profiles"]) for tp, factor in ((2, 0.6), (4, 0.35))]
+    tables = compile_tables(parse_scenario(doc))
+    x, y = (next(c for c in tables.classes if c.gpu_type == t) for t in "XY")
+    only_tp2 = SimpleNamespace(stages=(StageShape(resource=x.key, tp=2),) * 2, micro_batch=1,
+                               bottleneck_s=0.01, num_gpus=4)
+    best = grids._best_tp(tables, [cast(PipelineTemplate, only_tp2)])
+    assert best[(x.key, 1)] == [2, 1, 4][:grids.TP_PER_CLASS]
+    assert best[(y.key, 1)] == [1, 2, 4][:grids.TP_PER_CLASS]
+
+
+def with_activations(doc: dict[str, Any], layer_states: float) -> dict[str, Any]:
+    """Every layer's activations per micro-batch: `layer_states` times its state."""
+    for row in doc["profiles"]:
+        row["activation_bytes"] = int(layer_states * LAYER_STATE_GIB * 2**30)
+    return doc
+
+
+def structures(ctx: TemplateContext, subset: Any, best_tp: Any, per_param: np.ndarray,
+               monkeypatch: pytest.MonkeyPatch, *, ruled_out: bool) -> list[Any]:
+    """The subset's grids, with the memory rule of `_layers_fit` or without it."""
+    with monkeypatch.context() as patched:
+        if not ruled_out:
+            patched.setattr(grids, "_layers_fit", lambda *args: True)
+        return list(grids._least(ctx, subset, best_tp, per_param))
+
+
+def test_structures_whose_stages_cannot_hold_the_model_are_ruled_out(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Twelve layers; each GPU has room for 6.5 layers of state, and a micro-batch's
+    # activations of a layer take half a layer's state. The stage k-th from the back keeps
+    # k micro-batches (1F1B) and so holds at most 6.5 / (1 + k / 2) layers: 4, 3, 2, 2, 1,
+    # 1, ... Eight GPUs of each of two types: 2, 4 or 8 stages a replica (8, 4 or 2
+    # replicas). Two stages hold at most 4 + 3 (the first holding layer 0 beside its
+    # others), four 4 + 3 + 2 + 2: fewer than twelve, ruled out; eight hold 15.
+    doc = with_activations(memory_bound({"X": 6, "Y": 6}, gpus=8, batch=64), 0.5)
+    tables = compile_tables(parse_scenario(doc))
+    ctx = TemplateContext(tables, tables.scenario.job.schedule)
+    best_tp = {(c.key, 1): [1] for c in tables.classes}
+    per_param = np.array([state_bytes_per_param(tables.scenario, n).total for n in range(1, 9)])
+    (subset,) = grids._subsets(tables)
+    every = structures(ctx, subset, best_tp, per_param, monkeypatch, ruled_out=False)
+    kept = structures(ctx, subset, best_tp, per_param, monkeypatch, ruled_out=True)
+    assert {sum(g.stages) for g in every} == {2, 4, 8}
+    assert {sum(g.stages) for g in kept} == {8}
+    for grid in every:
+        swept = list(grids._swept(ctx, grid, least_time=False))
+        assert bool(swept) == (sum(grid.stages) == 8)
+
+
+@settings(max_examples=30, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # undone per example
+@given(rooms=st.tuples(st.integers(1, 8), st.integers(1, 8), st.integers(1, 8)),
+       activations=st.sampled_from([0.02, 0.2, 0.5, 1.0]), gpus=st.sampled_from([2, 4, 6, 8]),
+       batch=st.sampled_from([4, 16, 64]))
+def test_no_structure_ruled_out_by_memory_gives_a_pipeline(
+        rooms: tuple[int, int, int], activations: float, gpus: int, batch: int,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The memory rule is a shortcut for the layer DP, never a second opinion: every
+    structure it rules out, swept, gives nothing."""
+    doc = with_activations(memory_bound(dict(zip("XYZ", rooms, strict=True)), gpus=gpus,
+                                        batch=batch), activations)
+    tables = compile_tables(parse_scenario(doc))
+    ctx = TemplateContext(tables, tables.scenario.job.schedule)
+    best_tp = {(c.key, 1): [1] for c in tables.classes}
+    per_param = np.array([state_bytes_per_param(tables.scenario, n).total
+                          for n in range(1, gpus + 1)])
+    for subset in grids._subsets(tables):
+        kept = {(g.replicas, g.stages) for g in structures(ctx, subset, best_tp, per_param,
+                                                           monkeypatch, ruled_out=True)}
+        for grid in structures(ctx, subset, best_tp, per_param, monkeypatch, ruled_out=False):
+            if (grid.replicas, grid.stages) not in kept:
+                assert not list(grids._swept(ctx, grid, least_time=False)), grid
 
 
 def test_large_fleets_get_the_grids_of_the_second_budget_as_their_own_family() -> None:
