@@ -330,9 +330,7 @@ def _stage_layers(ctx: TemplateContext, cls: ResourceClass, b: int, tp: int, per
     found = tables.matrices.get(key)
     if found is None:
         num_layers = tables.num_layers
-        most = (-(-ctx.scenario.job.global_batch_size // b)
-                if ctx.schedule is Schedule.ONE_F_ONE_B else 1)
-        flight = np.minimum(np.arange(tables.max_stages + 1), most)
+        flight = np.array([ctx.in_flight(b, k) for k in range(tables.max_stages + 1)])
         acts = np.diff(tables.points[(cls.gpu_type, b, tp)].activation_bytes)
         cost = np.diff(tables.params) / tp * per_param + flight[:, None] * acts  # (k, layer)
         cheapest = (cost[:, 1:-1].min(axis=1) if num_layers > 2

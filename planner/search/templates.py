@@ -184,12 +184,16 @@ class TemplateContext:
             self._rings[resource] = (link.bandwidth_gb_per_s * 1e9 * share, link.latency_us * 1e-6)
         return self._rings[resource]
 
+    def in_flight(self, b: int, k: int) -> int:
+        """Micro-batches the stage k-th from the end keeps, as the layer DP counts them:
+        1F1B keeps min(S - s, m), m at most the batch over b."""
+        if self.schedule is not Schedule.ONE_F_ONE_B:
+            return 1
+        return min(k, -(-self.scenario.job.global_batch_size // b))
+
     def stage_spec(self, shape: StageShape, b: int, k: int, link_in: LinkCost | None) -> StageSpec:
-        # 1F1B keeps min(S - s, m) micro-batches; m is at most the batch over b.
-        most = -(-self.scenario.job.global_batch_size // b)
-        in_flight = min(k, most) if self.schedule is Schedule.ONE_F_ONE_B else 1
         point = self.tables.points[(shape.gpu_type, b, shape.tp)]
-        return StageSpec(point=point, in_flight=in_flight, link_in=link_in)
+        return StageSpec(point=point, in_flight=self.in_flight(b, k), link_in=link_in)
 
     def fixed(
         self,
