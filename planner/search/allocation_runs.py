@@ -5,11 +5,14 @@ those Dinkelbach's iteration visited on the way, becomes a placed draft (`drafts
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import NamedTuple
 
 from planner.search.allocate import RUNNERS_UP, Allocation, allocate
 from planner.search.drafts import Candidate, Draft, best_realized, draft
@@ -17,6 +20,7 @@ from planner.search.tables import ScenarioTables
 from planner.search.templates import ClassKey, PipelineTemplate
 
 __all__ = ["allocation_candidates"]
+
 
 
 def allocation_candidates(
@@ -36,14 +40,15 @@ def allocation_candidates(
     drafts: list[Draft | None] = []
     seen: set[tuple[tuple[int, int], ...]] = set()
 
-    def add_drafts(found: Allocation, subset: list[PipelineTemplate], cap: int | None) -> None:
+    def add_drafts(found: Allocation, subset: list[PipelineTemplate], cap: int | None,
+                   note: str = "") -> None:
         for counts in found.visited:
             key = tuple(sorted((id(subset[k]), n) for k, n in counts.items()))
             if key in seen:  # caps and subsets often lead to the same allocation
                 continue
             seen.add(key)
             pipelines = [subset[k] for k, n in sorted(counts.items()) for _ in range(n)]
-            drafts.append(draft(tables, pipelines, f"CP-SAT allocation, cap {cap}"))
+            drafts.append(draft(tables, pipelines, f"CP-SAT allocation, cap {cap}{note}"))
 
     if not templates:
         return [], False
@@ -70,14 +75,15 @@ def allocation_candidates(
     # the allocation of the one before it where that fits (on the inputs measured, tight caps
     # and sync subsets often end where a looser run did). The free run heads no chain: it
     # uses more pipelines than any cap allows.
-    runs: list[tuple[int | None, list[PipelineTemplate], int | None]] = []
+    runs: list[_Run] = []
     last_of_rank: dict[int, int] = {}
     for cap_value in caps:
         subsets = _sync_filtered(templates, cap_value or num_free)
-        for rank, subset in enumerate(subsets):
+        for rank, (threshold, subset) in enumerate(subsets):
             if cap_value is None and len(subset) == len(templates):
                 continue  # the free run, solved above
-            runs.append((cap_value, subset, last_of_rank.get(len(subsets) - 1 - rank)))
+            runs.append(_Run(cap=cap_value, subset=subset, threshold=threshold,
+                             offered=templates, after=last_of_rank.get(len(subsets) - 1 - rank)))
             last_of_rank[len(subsets) - 1 - rank] = len(runs) - 1
     # A ring that spans zones runs at the slowest inter-zone link: the allocation's linear
     # model does not see it, and leaving a zone idle can be faster. These runs only look for
@@ -86,50 +92,102 @@ def allocation_candidates(
     # Of each confined set, its two tighter sync subsets: the whole set's run finds the
     # most compute, which is what confining gives up (on the inputs measured, leaving it
     # out lost no plan and a sixth of the allocation's time on six types).
-    runs += [(None, subset, None) for confined in _confined_subsets(tables, templates)
-             for subset in _sync_filtered(confined, num_free)[:2]]
-    futures: list[Future[Allocation | None]] = []
+    runs += [_Run(cap=None, subset=subset, threshold=threshold, offered=confined, after=None)
+             for confined in _confined_subsets(tables, templates)
+             for threshold, subset in _sync_filtered(confined, num_free)[:2]]
+    futures: list[Future[list[_Found]]] = []
 
-    def solve(cap_value: int | None, subset: list[PipelineTemplate], after: int | None
-              ) -> Allocation | None:
-        if time.monotonic() - started > budget:
-            raise TimeoutError
-        return allocate(tables, subset, max_pipelines=cap_value,
-                        time_limit_s=budget / (4 * len(caps)), num_workers=num_workers,
-                        seed=_seed(subset, *ended_before(after)))
+    def solve(run: _Run) -> list[_Found]:
+        """The run's allocation, then, where it uses fewer pipelines than its threshold was
+        set for, the allocation over the templates whose rings stay under the threshold at
+        the count it uses (started from the first)."""
+        found: list[_Found] = []
+        subset, seed = run.subset, _seed(run.subset, *ended_before(run.after))
+        num_pipelines = run.cap or num_free
+        at: int | None = None
+        for _ in range(2):
+            if time.monotonic() - started > budget:
+                if found:
+                    break
+                raise TimeoutError
+            allocation = allocate(tables, subset, max_pipelines=run.cap,
+                                  time_limit_s=budget / (4 * len(caps)),
+                                  num_workers=num_workers, seed=seed)
+            if allocation is None:
+                break
+            if found:
+                # Only an allocation the linear model finds faster: the drafts met on the
+                # way would push others out of the finalists for nothing.
+                if allocation.pipeline_s >= found[0].allocation.pipeline_s * (1 - 1e-9):
+                    break
+                allocation = dataclasses.replace(allocation, visited=(allocation.counts,))
+            found.append(_Found(allocation, subset, at))
+            used = sum(allocation.counts.values())
+            if used >= num_pipelines or run.threshold is None:
+                break
+            # Rings are shorter among fewer pipelines: templates filtered out at the count
+            # the threshold was set for may fit under it at the count actually used.
+            wider = [t for t in run.offered if t.sync_s(used) <= run.threshold + 1e-9]
+            if len(wider) <= len(subset):
+                break
+            seed = _seed(wider, subset, allocation)
+            subset, num_pipelines, at = wider, used, used
+        return found
 
     def ended_before(after: int | None) -> tuple[list[PipelineTemplate], Allocation | None]:
         """The templates and allocation of the run a chained run starts from."""
         if after is None:
             return [], None
         try:  # submitted before this one: running or done, never waiting behind it
-            return runs[after][1], futures[after].result()
+            found = futures[after].result()
         except TimeoutError:
             return [], None
+        return (found[-1].subset, found[-1].allocation) if found else ([], None)
 
     # Chains are independent and CP-SAT releases the GIL while it solves: solve them side
     # by side, and take their results in a fixed order, so the plan does not depend on timing.
     with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
         for run in runs:
-            futures.append(pool.submit(solve, *run))
+            futures.append(pool.submit(solve, run))
         try:
-            for done, ((cap_value, subset, _), future) in enumerate(zip(runs, futures,
-                                                                        strict=True)):
+            for done, (run, future) in enumerate(zip(runs, futures, strict=True)):
                 # A progress callback may raise to cancel: report often enough for that.
                 report(0.3 + 0.4 * done / len(runs),
-                       f"allocating with at most {cap_value or num_free} pipelines")
+                       f"allocating with at most {run.cap or num_free} pipelines")
                 try:
                     found = future.result()
                 except TimeoutError:
                     proven = proven and done >= proving
                     continue
-                if found is not None:
-                    proven = proven and (found.proven or done >= proving)
-                    add_drafts(found, subset, cap_value)
+                if found:
+                    proven = proven and (found[0].allocation.proven or done >= proving)
+                for allocation, subset, at in found:
+                    add_drafts(allocation, subset, run.cap, "" if at is None else (
+                        f", sync threshold at {at} pipelines"))
         finally:
             for future in futures:
                 future.cancel()
     return best_realized(tables, drafts, 2 * finalists), proven
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Run:
+    """One allocation run: its cap on pipelines, its templates, the sync threshold that
+    chose them (None: every template) among those `offered`, and the run whose allocation
+    it starts from."""
+
+    cap: int | None
+    subset: list[PipelineTemplate]
+    threshold: float | None
+    offered: list[PipelineTemplate]
+    after: int | None
+
+
+class _Found(NamedTuple):
+    allocation: Allocation
+    subset: list[PipelineTemplate]
+    at: int | None
+    """The pipeline count its sync threshold was applied at, where not the run's own."""
 
 
 def _seed(subset: list[PipelineTemplate], before: list[PipelineTemplate],
@@ -175,16 +233,17 @@ def _in_zones(zones: set[str], key: ClassKey) -> bool:
 
 def _sync_filtered(
     templates: list[PipelineTemplate], num_pipelines: int
-) -> list[list[PipelineTemplate]]:
-    """Template subsets whose sync time stays under a few thresholds."""
+) -> list[tuple[float | None, list[PipelineTemplate]]]:
+    """Template subsets whose sync time among `num_pipelines` stays under a few thresholds,
+    each with its threshold (None: a single subset of every template)."""
     sync = [t.sync_s(num_pipelines) for t in templates]
     syncs = sorted({round(x, 6) for x in sync})
     if len(syncs) <= 1:
-        return [templates]
+        return [(None, templates)]
     picks = sorted({syncs[int(q * (len(syncs) - 1))] for q in (0.3, 0.6, 1.0)})
-    subsets = []
+    subsets: list[tuple[float | None, list[PipelineTemplate]]] = []
     for threshold in picks:
         subset = [t for t, x in zip(templates, sync, strict=True) if x <= threshold + 1e-9]
         if subset:
-            subsets.append(subset)
+            subsets.append((threshold, subset))
     return subsets

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import heapq
+import itertools
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -58,6 +59,9 @@ class Candidate:
     origin: str
     known_depths: frozenset[int] | None = None
     """Its pipelines' stage counts where known before the plan is built."""
+    placement_of: int | None = None
+    """The serial of the draft it places, shared by that draft's placements (None: a plan
+    of its own); unique within the process that placed it."""
 
     @functools.cached_property
     def plan(self) -> Plan:
@@ -234,9 +238,13 @@ def _inside_one_node(tables: ScenarioTables, template: PipelineTemplate, n: int)
     return n * max(s.tp for s in template.stages) <= largest
 
 
+_placed_drafts = itertools.count()
+
+
 def realize(tables: ScenarioTables, chosen: Draft) -> list[Candidate]:
     """Place a draft both ways: pipeline-major and stage-major."""
     out = []
+    serial = next(_placed_drafts)
     for style in (PlacementStyle(stage_major=False), PlacementStyle(stage_major=True)):
         gpus = place(tables, chosen.pipelines, style)
         if gpus is None:
@@ -247,7 +255,8 @@ def realize(tables: ScenarioTables, chosen: Draft) -> list[Candidate]:
                                   tables.scenario.job.schedule)
         out.append(Candidate(build=build, quick_s=quick,
                              known_depths=frozenset(t.num_stages for t in chosen.pipelines),
-                             origin=f"{chosen.origin}, {kind}-major placement"))
+                             origin=f"{chosen.origin}, {kind}-major placement",
+                             placement_of=serial))
     return out
 
 

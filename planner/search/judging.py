@@ -76,14 +76,22 @@ def share_of_time_so_far(started: float, time_limit_s: float, share: float,
 
 def finalists(candidates: list[Candidate], families: list[list[Candidate]], limit: int
               ) -> list[Candidate]:
-    """The `limit` candidates of least quick estimate, and the best FAMILY_FINALISTS of each
-    family among them, least quick estimate first. The families' quick estimates err
-    differently (a grid placed stage-major is quoted with its stages' transfers inside a
-    node), and one family's optimistic quotes must not crowd out another's best."""
+    """The `limit` candidates of least quick estimate and, of each family, its best
+    FAMILY_FINALISTS candidates and the best placement of each of its best FAMILY_FINALISTS
+    drafts; least quick estimate first. The families' quick estimates err differently (a
+    grid placed stage-major is quoted with its stages' transfers inside a node), and one
+    family's optimistic quotes must not crowd out another's best. A family's best two
+    candidates are often one draft placed both ways: its second draft is judged too."""
     chosen = {id(c): c for c in sorted(candidates, key=lambda c: c.quick_s)[:limit]}
     for family in families:
-        for candidate in sorted(family, key=lambda c: c.quick_s)[:FAMILY_FINALISTS]:
-            chosen.setdefault(id(candidate), candidate)
+        drafts: set[int] = set()
+        for rank, candidate in enumerate(sorted(family, key=lambda c: c.quick_s)):
+            if rank >= FAMILY_FINALISTS and len(drafts) >= FAMILY_FINALISTS:
+                break
+            placed = id(candidate) if candidate.placement_of is None else candidate.placement_of
+            if rank < FAMILY_FINALISTS or placed not in drafts:
+                chosen.setdefault(id(candidate), candidate)
+            drafts.add(placed)
     return sorted(chosen.values(), key=lambda c: c.quick_s)
 
 

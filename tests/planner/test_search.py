@@ -180,6 +180,22 @@ def test_each_family_of_candidates_has_its_best_judged_however_the_others_are_qu
     assert finalists([*allocated, *grids], [], limit=8) == grids[:8]
 
 
+def test_a_family_whose_best_draft_takes_both_places_has_its_second_draft_judged() -> None:
+    """A family's best two candidates are one draft placed both ways: the best placement of
+    its second draft is judged too (and nothing of its third)."""
+    def candidate(quick_s: float, origin: str, draft: int | None) -> Candidate:
+        return Candidate(build=lambda: pytest.fail("judging needs no plan built"),
+                         quick_s=quick_s, origin=origin, placement_of=draft)
+
+    grids = [candidate(1.0 + i / 100, f"grid {i}", None) for i in range(10)]
+    allocated = [candidate(2.0, "A pipeline-major", 7), candidate(2.0, "A stage-major", 7),
+                 candidate(2.01, "B stage-major", 8), candidate(2.02, "B pipeline-major", 8),
+                 candidate(2.03, "C pipeline-major", 9)]
+    chosen = finalists([*allocated, *grids], [allocated, grids], limit=8)
+    assert [c.origin for c in chosen] == [f"grid {i}" for i in range(8)] + [
+        "A pipeline-major", "A stage-major", "B stage-major"]
+
+
 def test_what_the_parent_does_while_its_child_works_leaves_the_plan_as_it_was(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A parent that finds its forked child still working builds and judges the launcher
