@@ -14,6 +14,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from planner.costs import link_between
 from planner.documents import Plan, Schedule
 from planner.search.assemble import PlacementStyle, build_plan, place, split_batch
 from planner.search.quick import estimate_sync_s, inside_sync_s, replicas_sync_s, rough_sync_s
@@ -249,7 +250,8 @@ def realize(tables: ScenarioTables, chosen: Draft) -> list[Candidate]:
         gpus = place(tables, chosen.pipelines, style)
         if gpus is None:
             continue
-        quick = chosen.pipeline_s + estimate_sync_s(tables, chosen.pipelines, gpus)
+        quick = (chosen.pipeline_s + _placed_delta_s(tables, chosen, gpus)
+                 + estimate_sync_s(tables, chosen.pipelines, gpus))
         kind = "stage" if style.stage_major else "pipeline"
         build = functools.partial(build_plan, chosen.pipelines, chosen.micro_batches, gpus,
                                   tables.scenario.job.schedule)
@@ -258,6 +260,36 @@ def realize(tables: ScenarioTables, chosen: Draft) -> list[Candidate]:
                              origin=f"{chosen.origin}, {kind}-major placement",
                              placement_of=serial))
     return out
+
+
+def _placed_delta_s(tables: ScenarioTables, chosen: Draft,
+                    gpus: Sequence[Sequence[Sequence[str]]]) -> float:
+    """How much longer the slowest pipeline takes with the transfers its placement gives
+    (across nodes, or inside one) than with those its template's split priced: with blocking
+    transfers each one is charged to both its stages, forward and backward."""
+    scenario = tables.scenario
+    if not scenario.job.blocking_transfers:
+        return 0.0
+    nodes = {node.name: node for c in tables.classes for node in c.nodes}
+    before, after = 0.0, 0.0
+    for template, m, placed in zip(chosen.pipelines, chosen.micro_batches, gpus, strict=True):
+        stage_s = template.partition.stage_s
+        time_s = template.fill_s + (m - 1) * template.bottleneck_s
+        before = max(before, time_s)
+        if not template.transfer_s:
+            after = max(after, time_s)
+            continue
+        where = [nodes[stage[0].rpartition(":")[0]] for stage in placed]
+        moved = list(stage_s)
+        for s, priced in enumerate(template.transfer_s):
+            bytes_ = tables.output_at[template.partition.bounds[s + 1] - 1] * template.micro_batch
+            link = link_between(scenario, where[s], where[s + 1])
+            delta = link.latency_us * 1e-6 + bytes_ / (link.bandwidth_gb_per_s * 1e9) - priced
+            moved[s] += 2 * delta
+            moved[s + 1] += 2 * delta
+        fill = template.fill_s + sum(moved) - sum(stage_s)
+        after = max(after, fill + (m - 1) * max(moved))
+    return after - before
 
 
 def best_realized(tables: ScenarioTables, drafts: Iterable[Draft | None], keep: int,

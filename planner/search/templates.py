@@ -74,6 +74,9 @@ class PipelineTemplate:
     """GPipe keeps every micro-batch in flight: the most that fit. None: no limit."""
     sync_parts: tuple[tuple[float, float], ...]
     """Per stage: (seconds of gradient bytes over the ring, seconds of latency per ring step)."""
+    transfer_s: tuple[float, ...] = ()
+    """Per boundary between stages: one transfer's seconds as the split priced it (empty:
+    not known)."""
     # Derived once, when built: the search asks these of thousands of templates, many times.
     bottleneck_s: float = field(init=False)
     num_gpus: int = field(init=False)
@@ -621,9 +624,15 @@ def template_from_partition(
         ((params_at[end] - params_at[start]) * grad_bytes / tp / bandwidth, latency * (end - start))
         for start, end, (tp, bandwidth, latency)
         in zip(bounds[:-1], bounds[1:], map(rings.__getitem__, stages), strict=True))
+    transfers = []
+    for s in range(depth - 1):
+        link = specs[depth - s - 2].link_in
+        assert link is not None
+        transfers.append(link.latency_s + tables.output_at[bounds[s + 1] - 1] * b
+                         / link.bytes_per_s)
     return PipelineTemplate(
         micro_batch=b, stages=tuple(stages), partition=part, fill_s=fill,
-        max_micro_batches=max_m, sync_parts=sync_parts)
+        max_micro_batches=max_m, sync_parts=sync_parts, transfer_s=tuple(transfers))
 
 
 def _gpipe_limit(ctx: TemplateContext, part: Partition, stages: list[StageShape], b: int) -> int:
