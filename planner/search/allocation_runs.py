@@ -22,7 +22,6 @@ from planner.search.templates import ClassKey, PipelineTemplate
 __all__ = ["allocation_candidates"]
 
 
-
 def allocation_candidates(
     tables: ScenarioTables,
     templates: list[PipelineTemplate],

@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from planner.costs import link_between
+from planner.costs import link_between, node_index, transfer_s
 from planner.documents import Plan, Schedule
 from planner.search.assemble import PlacementStyle, build_plan, place, split_batch
 from planner.search.quick import estimate_sync_s, inside_sync_s, replicas_sync_s, rough_sync_s
@@ -270,7 +270,7 @@ def _placed_delta_s(tables: ScenarioTables, chosen: Draft,
     scenario = tables.scenario
     if not scenario.job.blocking_transfers:
         return 0.0
-    nodes = {node.name: node for c in tables.classes for node in c.nodes}
+    nodes = node_index(scenario).by_name
     before, after = 0.0, 0.0
     for template, m, placed in zip(chosen.pipelines, chosen.micro_batches, gpus, strict=True):
         stage_s = template.partition.stage_s
@@ -282,9 +282,8 @@ def _placed_delta_s(tables: ScenarioTables, chosen: Draft,
         where = [nodes[stage[0].rpartition(":")[0]] for stage in placed]
         moved = list(stage_s)
         for s, priced in enumerate(template.transfer_s):
-            bytes_ = tables.output_at[template.partition.bounds[s + 1] - 1] * template.micro_batch
-            link = link_between(scenario, where[s], where[s + 1])
-            delta = link.latency_us * 1e-6 + bytes_ / (link.bandwidth_gb_per_s * 1e9) - priced
+            sent = tables.output_at[template.partition.bounds[s + 1] - 1] * template.micro_batch
+            delta = transfer_s(link_between(scenario, where[s], where[s + 1]), sent) - priced
             moved[s] += 2 * delta
             moved[s + 1] += 2 * delta
         fill = template.fill_s + sum(moved) - sum(stage_s)

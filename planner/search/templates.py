@@ -607,13 +607,18 @@ def template_from_partition(
     (counted from the end); None where GPipe could keep no micro-batch in flight."""
     depth = len(stages)
     tables = ctx.tables
+    # One transfer per boundary, as the split priced it; without blocking, they delay the
+    # fill instead of occupying stages.
+    transfers = []
+    for s in range(depth - 1):
+        link = specs[depth - s - 2].link_in
+        assert link is not None
+        transfers.append(link.latency_s + tables.output_at[part.bounds[s + 1] - 1] * b
+                         / link.bytes_per_s)
     fill = sum(part.stage_s)
     if not ctx.blocking:
-        for s in range(depth - 1):
-            link = specs[depth - s - 2].link_in
-            assert link is not None
-            fill += 2 * (link.latency_s + tables.output_at[part.bounds[s + 1] - 1] * b
-                         / link.bytes_per_s)
+        for transfer in transfers:
+            fill += 2 * transfer
     max_m = _gpipe_limit(ctx, part, stages, b) if ctx.schedule is Schedule.GPIPE else None
     if max_m is not None and max_m < 1:
         return None
@@ -624,12 +629,6 @@ def template_from_partition(
         ((params_at[end] - params_at[start]) * grad_bytes / tp / bandwidth, latency * (end - start))
         for start, end, (tp, bandwidth, latency)
         in zip(bounds[:-1], bounds[1:], map(rings.__getitem__, stages), strict=True))
-    transfers = []
-    for s in range(depth - 1):
-        link = specs[depth - s - 2].link_in
-        assert link is not None
-        transfers.append(link.latency_s + tables.output_at[bounds[s + 1] - 1] * b
-                         / link.bytes_per_s)
     return PipelineTemplate(
         micro_batch=b, stages=tuple(stages), partition=part, fill_s=fill,
         max_micro_batches=max_m, sync_parts=sync_parts, transfer_s=tuple(transfers))
