@@ -276,8 +276,8 @@ def _searched(
         beside.per_type + [(as_per_type(c), e) for c, e in baselines["homogeneous"]],
         key=lambda judged: judged[0].quick_s)
     candidates.extend(c for group in baselines.values() for c, _ in group)
-    candidates.extend(c for family in beside.grids for c in family)
-    families = [allocated, replicated, *beside.grids]
+    candidates.extend(beside.grids)
+    families = [allocated, replicated, beside.grids]
     if local:
         # Only plans whose pipelines share their blocks are valid: give them one split.
         candidates = common_blocks(tables, candidates, limit=LOCAL_FINALISTS * options.finalists)
@@ -457,8 +457,8 @@ class Beside:
     at 512 GPUs, BENCHMARKS 3)."""
 
     per_type: Judged
-    grids: list[list[Candidate]]
-    """Per sweep budget of the grids, their placed candidates (`grid_candidates`)."""
+    grids: list[Candidate]
+    """The grids' placed candidates (`grid_candidates`)."""
     launchers: dict[str, Judged] | None
     """The `homogeneous` and `unaware` baselines, where asked for here."""
 

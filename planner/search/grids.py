@@ -25,9 +25,10 @@ homogeneous pipelines rank each class's tp.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -66,20 +67,13 @@ path of the forked child that the search waits for, and planning time has its ta
 512 GPUs and more (32,768 cells cost the child 0.04-0.12 s there, and 8,192 up to 0.09 s on
 the 130-layer input, which made it the longer path)."""
 SWEPT_CELLS_LARGE_FLEET = 2048
-BEYOND_CELLS_LARGE_FLEET = 8192
-"""Past SWEPT_CELLS_LARGE_FLEET, structures are still swept up to this many cells on large
-fleets, and the KEPT_BEYOND of least rough time among their drafts are placed beside the
-KEPT of the first ones. The closed form misranks structures of many replicas: on a
-perturbed 448-GPU input the best grid was 16th of its subset, out of reach of 2,048 cells,
-and the input's quarter planned and laid down four times was 4.9% faster than the plan.
-On 240 perturbed inputs at four times their size, ten plans faster (up to 8.7%). Kept
-apart, as a family of their own among the search's finalists, because the quick estimates
-misrank them too: taken together, the new ones crowded out drafts that placed better (two
-plans 0.6-1.5% slower). They get no least-time split: the same plans there, and at 512
-GPUs 1-8% more planning time than without the second lot instead of 3-14% (BENCHMARKS 3)."""
+"""(A second lot of structures swept up to 8,192 cells on large fleets, judged as a family
+of their own, made up for structures of many replicas that a closed form blind to memory
+and links ranked out of reach. With `_heaviest_stage` ranking them, on 400 held-out inputs
+at four times their size it changed three plans, two 0.5% slower and one 0.9% faster:
+dropped, with its sweeps.)"""
 KEPT = 6
 """Grid drafts, least rough time first, placed and offered to the search."""
-KEPT_BEYOND = 3
 TP_PER_CLASS = 3
 """tp options per class and micro-batch size, fastest per GPU first. A third one lets a
 class trade some speed per GPU for fewer, larger stages (on a perturbed 32-GPU LLaMA-7B
@@ -88,8 +82,9 @@ with two options; no plan of the shared scenarios changed)."""
 CORRECTED_FIRST = 64
 """Structures whose whole-layer estimate `_least` computes at once, in order of their
 balanced estimate; each further batch twice the last (most callers take a few)."""
-BISECTIONS = 40
-"""Halvings of the interval searched for a structure's whole-layer bottleneck: 2^-40 of it."""
+BISECTIONS = 22
+"""Halvings of the interval searched for a structure's whole-layer bottleneck: 2^-22 of it,
+then set on the step it ends in."""
 MAX_ORDERS_FROM = 4
 """With this many classes or more, two orders are swept (by memory, both ways), not all."""
 
@@ -104,10 +99,9 @@ class _Grid:
     """Stages of each class in one replica."""
 
 
-def grid_candidates(tables: ScenarioTables) -> list[list[Candidate]]:
-    """Placed grids, one family per sweep budget (one, or two on large fleets), each best
-    first by the quick estimate. Each class's homogeneous pipelines of every depth rank its
-    tp (swept once per search: free after the per-type baseline)."""
+def grid_candidates(tables: ScenarioTables) -> list[Candidate]:
+    """Placed grids, best first by the quick estimate. Each class's homogeneous pipelines of
+    every depth rank its tp (swept once per search: free after the per-type baseline)."""
     if len(tables.classes) < 2:
         return []
     ctx = TemplateContext(tables, tables.scenario.job.schedule)
@@ -123,18 +117,13 @@ def grid_candidates(tables: ScenarioTables) -> list[list[Candidate]]:
     per_param = np.array([state_bytes_per_param(tables.scenario, n).total
                           for n in range(1, most + 1)])
     gpus = sum(c.num_gpus for c in tables.classes)
-    budgets = ((SWEPT_CELLS, KEPT),) if gpus <= SWEPT_CELLS_FULL_UP_TO else (
-        (SWEPT_CELLS_LARGE_FLEET, KEPT), (BEYOND_CELLS_LARGE_FLEET, KEPT_BEYOND))
-    swept = [found for subset in _subsets(tables)
-             for found in _swept_within(ctx, _least(ctx, subset, best_tp, per_param),
-                                        [cells for cells, _ in budgets])]
-    families = []
-    for lot, (_, kept) in enumerate(budgets):
-        drafts = (replicas_draft(tables, template, grid.replicas, "identical pipelines through "
-                                 + ", ".join(dict.fromkeys(s.gpu_type for s in template.stages)))
-                  for within, grid, template in swept if within == lot)
-        families.append(best_realized(tables, drafts, kept))
-    return families
+    budget = SWEPT_CELLS if gpus <= SWEPT_CELLS_FULL_UP_TO else SWEPT_CELLS_LARGE_FLEET
+    drafts = (replicas_draft(tables, template, grid.replicas, "identical pipelines through "
+                             + ", ".join(dict.fromkeys(s.gpu_type for s in template.stages)))
+              for subset in _subsets(tables)
+              for grid, template in _swept_within(ctx, _least(ctx, subset, best_tp, per_param),
+                                                  budget))
+    return best_realized(tables, drafts, KEPT)
 
 
 def _best_tp(tables: ScenarioTables, templates: Sequence[PipelineTemplate]
@@ -177,28 +166,25 @@ def _subsets(tables: ScenarioTables) -> list[tuple[ResourceClass, ...]]:
     return [classes] + [tuple(c for c in classes if c is not left) for left in classes]
 
 
-def _swept_within(ctx: TemplateContext, ranked: Iterator[_Grid], budgets: Sequence[float]
-                  ) -> Iterator[tuple[int, _Grid, PipelineTemplate]]:
+def _swept_within(ctx: TemplateContext, ranked: Iterator[_Grid], budget: float
+                  ) -> Iterator[tuple[_Grid, PipelineTemplate]]:
     """The pipelines of the first SWEPT structures of `ranked` that give any, passing over
     fewer than SWEPT that give none (a structure the closed form let through may not fit in
-    memory once split), then of more while their sweeps cover at most `budgets[-1]` cells
-    (layers x stages x orders of the classes), each with the index of the first budget
-    its sweep is within (past the first, without least-time splits). On thousands of GPUs
-    most structures ranked first may not fit: passing over every one of them tripled the
-    grids' time at 8,192."""
+    memory once split), then of more while their sweeps cover at most `budget` cells
+    (layers x stages x orders of the classes). On thousands of GPUs most structures ranked
+    first may not fit: passing over every one of them tripled the grids' time at 8,192."""
     kept = failed = 0
     cells = 0
     for grid in ranked:
         if kept >= SWEPT or failed >= SWEPT:
             cells += ctx.tables.num_layers * sum(grid.stages) * len(_class_orders(ctx.tables,
                                                                                grid))
-            if cells > budgets[-1]:
+            if cells > budget:
                 return
-        within = next(i for i, most in enumerate(budgets) if cells <= most)
-        found = list(_swept(ctx, grid, least_time=within == 0))
+        found = list(_swept(ctx, grid))
         kept += bool(found)
         failed += not found
-        yield from ((within, grid, template) for template in found)
+        yield from ((grid, template) for template in found)
 
 
 def _least(ctx: TemplateContext, subset: tuple[ResourceClass, ...],
@@ -211,14 +197,14 @@ def _least(ctx: TemplateContext, subset: tuple[ResourceClass, ...],
 
     The estimate balances the stages by speed (each takes the same time t, so a class's
     stages hold t / (its whole-model time) of the model each) for the fill, and times
-    every further micro-batch at the heaviest stage whole layers allow (`_by_whole_layers`);
-    it charges every stage a transfer in and out both ways at the cheapest link any class
-    has, and adds the sync ring of each class's stages, their parameters in proportion to
-    their share of the model, inside a node where n holders fit in one. Where a stage's state alone
-    would not fit, or the stages could not hold the model with the activations they keep
-    (`_layers_fit`), the grid is ruled out. Estimated for all tp choices and counts of a
-    micro-batch size at once (thousands of structures on six classes). `per_param[n - 1]`:
-    state bytes per parameter with n replicas."""
+    every further micro-batch at the heaviest stage whole layers, memory and links allow
+    (`_heaviest_stage`); it charges every stage a transfer in and out both ways at the
+    cheapest link any class has, and adds the sync ring of each class's stages, their
+    parameters in proportion to their share of the model, inside a node where n holders fit
+    in one. Where a stage's state alone would not fit, or the stages could not hold the
+    model with the activations they keep, the grid is ruled out. Estimated for all tp
+    choices and counts of a micro-batch size at once (thousands of structures on six
+    classes). `per_param[n - 1]`: state bytes per parameter with n replicas."""
     tables, job = ctx.tables, ctx.scenario.job
     batch = job.global_batch_size
     capacity = np.array([tables.capacity_bytes[c.gpu_type] for c in subset])
@@ -226,7 +212,7 @@ def _least(ctx: TemplateContext, subset: tuple[ResourceClass, ...],
     inside = [ctx.link(c.key, c.key, same_node=True) for c in subset]
     across = [ctx.link(c.key, c.key, same_node=False) for c in subset]
     rings = [ctx.ring(c.key) for c in subset]
-    moved = float(tables.output_bytes[:-1].mean()) if tables.num_layers > 1 else 0.0
+    moved = _mean_output(ctx)
     # Per micro-batch size: its structures' estimates (thousands on six classes), ranked
     # together at the end; a _Grid is built only for those the caller takes.
     found: list[_Estimates] = []
@@ -240,6 +226,9 @@ def _least(ctx: TemplateContext, subset: tuple[ResourceClass, ...],
         slots = np.array(list(itertools.product(*slot_options)))
         whole = np.array(list(itertools.product(*[
             [float(tables.points[(c.gpu_type, b, tp)].compute_s[-1]) for tp in tp_options]
+            for c, tp_options in zip(subset, options, strict=True)])))
+        middle = np.array(list(itertools.product(*[
+            [_layer_times(tables, c, b, tp)[0] for tp in tp_options]
             for c, tp_options in zip(subset, options, strict=True)])))
         n = np.arange(1, int(slots.min(axis=1).max()) + 1)  # (counts,)
         # Counts that split every class's stages evenly and leave each replica a
@@ -256,11 +245,13 @@ def _least(ctx: TemplateContext, subset: tuple[ResourceClass, ...],
         if not len(choice):
             continue
         counts, their_tps, their_whole = n[count], tps[choice], whole[choice]
+        their_middle = middle[choice]
         stage_s = 1.0 / (stages / their_whole).sum(axis=1)
         transfer_s = 0.0 if not ctx.blocking else min(
             link.latency_s + moved * b / link.bytes_per_s for link in inside + across)
         steady = -(-batch // (counts * b)) - 1  # micro-batches after the first, the most
-        pipeline_s = (steady + depth) * (stage_s + 4 * transfer_s)
+        step_s = stage_s + 4 * transfer_s  # a micro-batch through a balanced stage
+        pipeline_s = (steady + depth) * step_s
         params = float(tables.params[-1]) * stage_s[:, None] / their_whole / their_tps
         fits = (params * per_param[counts - 1][:, None] <= capacity).all(axis=1)
         near = counts[:, None] * their_tps <= largest  # n holders of a stage on a node
@@ -269,62 +260,208 @@ def _least(ctx: TemplateContext, subset: tuple[ResourceClass, ...],
         steps = (counts - 1)[:, None]
         sync_s = (2 * steps / counts[:, None] * params * job.grad_bytes / bandwidth
                   + 2 * steps * latency).max(axis=1)
+        if not fits.any():
+            continue
         found.append(_Estimates(
             micro_batch=np.full(int(fits.sum()), b), balanced_s=(pipeline_s + sync_s)[fits],
             tps=their_tps[fits], counts=counts[fits], stages=stages[fits],
-            stage_s=stage_s[fits], steady=steady[fits],
-            layer_s=their_whole[fits] / tables.num_layers))
+            step_s=step_s[fits], steady=steady[fits],
+            layer_s=their_middle[fits]))
     if not found:
         return
     every = _Estimates(**{name: np.concatenate([getattr(f, name) for f in found])
                           for name in _Estimates.__dataclass_fields__})
-    for r in _by_whole_layers(every, tables.num_layers):
-        grid = _Grid(classes=subset, micro_batch=int(every.micro_batch[r]),
-                     tp=tuple(int(tp) for tp in every.tps[r]), replicas=int(every.counts[r]),
-                     stages=tuple(int(x) for x in every.stages[r]))
-        # Checked as the caller takes them (a few of thousands), not for every row.
-        if _layers_fit(ctx, grid, float(per_param[grid.replicas - 1])):
-            yield grid
+
+    rooms = _rooms(ctx, subset, every, per_param)
+    # Per class first, a lower bound that is cheap: the memory and links of each stage
+    # are costly on thousands of structures.
+    heaviest: list[Callable[[np.ndarray], np.ndarray]] = [
+        functools.partial(_heaviest_per_class, ctx, subset, every, rooms),
+        functools.partial(_heaviest_stage, ctx, subset, every, rooms)]
+    for r in _by_whole_layers(every, heaviest):
+        yield _Grid(classes=subset, micro_batch=int(every.micro_batch[r]),
+                    tp=tuple(int(tp) for tp in every.tps[r]), replicas=int(every.counts[r]),
+                    stages=tuple(int(x) for x in every.stages[r]))
 
 
-def _layers_fit(ctx: TemplateContext, grid: _Grid, per_param: float) -> bool:
-    """Whether the grid's stages (`per_param`: state bytes per parameter), in some order of
-    its classes that `_swept` tries, could hold the model with the micro-batches each keeps
-    in flight as the layer DP counts them: every stage at least one layer (the first stage
-    the first, the last the last, the others any but those), and all of them together
-    every layer, each holding as many as the cheapest of the layers it may hold allows.
-    Where they cannot, the DP is sure to find nothing: on a memory-tight LLaMA-7B input,
-    structures of 6 to 17 V100 stages at micro-batch 2 (the first ones keeping up to 16
-    micro-batches) ranked first and used up the cells that reached the one that won."""
-    depth = sum(grid.stages)
-    for order in _class_orders(ctx.tables, grid):
-        held, behind = 0.0, 0
-        for position, (cls, tp, stages) in enumerate(reversed(order)):
-            inner, ends = _stage_layers(ctx, cls, grid.micro_batch, tp, per_param)
-            top = behind + stages
-            # Its middle stages are k = low+1 .. high from the back; the last (k = 1) and
-            # the first (k = depth) have their own counts.
-            low = behind + (position == 0)
-            high = max(top - (position == len(order) - 1), low)
-            if high > low and inner[high] - inner[high - 1] < 1:  # fewer as k grows
-                break
-            held += inner[high] - inner[low]
-            if position == 0:
-                held += ends[1][1]
-            if position == len(order) - 1:
-                held += ends[depth][0]
-            behind = top
-        else:
-            if held >= ctx.tables.num_layers:
-                return True
-    return False
+def _heaviest_per_class(ctx: TemplateContext, subset: tuple[ResourceClass, ...],
+                        estimates: _Estimates, rooms: _Rooms, rows: np.ndarray) -> np.ndarray:
+    """A lower bound of `_heaviest_stage`, per class rather than per stage (cheap on
+    thousands of structures): every stage of a class pays the cheapest transfer its class
+    has with any (twice in the middle, where all of its stages but one at most are), none
+    holds an end layer, and the class's stages together hold no more than they would at
+    the back of the pipeline, where they keep the fewest micro-batches in flight."""
+    stages = estimates.stages[rows]
+    layer_s = estimates.layer_s[rows]
+    at_back = np.cumsum(rooms.middle, axis=1)[rooms.which[rows], stages]
+    if ctx.blocking:
+        latency, per_byte = _links(ctx, subset)
+        moved = estimates.micro_batch[rows] * _mean_output(ctx)
+        each = latency + moved[:, None, None] * per_byte
+        cheapest = np.minimum(each.min(axis=2), each.min(axis=1))  # (rows, classes)
+    else:
+        cheapest = np.zeros(stages.shape)
+    middle, end = 4 * cheapest, 2 * cheapest  # in and out, forward and backward
+    needed = ctx.tables.num_layers - 2
+
+    def covered(t: np.ndarray) -> np.ndarray:
+        def held(start: np.ndarray) -> np.ndarray:
+            return np.maximum(np.floor((t[:, None] - start) / layer_s * (1 + 1e-12)), 0.0)
+        return np.minimum((stages - 1) * held(middle) + held(end), at_back).sum(axis=1)
+
+    low = np.where(stages >= 2, middle + layer_s, end).max(axis=1)  # a layer in the middle
+    high = low + layer_s.max(axis=1) * max(needed, 1)
+    possible = covered(high) >= needed
+    low, high = _bisected(low, high, lambda t: covered(t) >= needed)
+    return np.where(possible, low, np.inf)  # never above the least t
+
+
+def _links(ctx: TemplateContext, subset: tuple[ResourceClass, ...]
+           ) -> tuple[np.ndarray, np.ndarray]:
+    """(latency s, s per byte) between stages of each pair of classes (front, back), as
+    `_split` prices them: a class's own neighbours on its node's link."""
+    links = [[ctx.link(front.key, back.key, same_node=front.key == back.key) for back in subset]
+             for front in subset]
+    return (np.array([[link.latency_s for link in row] for row in links]),
+            np.array([[1 / link.bytes_per_s for link in row] for row in links]))
+
+
+def _mean_output(ctx: TemplateContext) -> float:
+    """Bytes a layer hands the next per sample, on average (the last hands none)."""
+    tables = ctx.tables
+    return float(tables.output_bytes[:-1].mean()) if tables.num_layers > 1 else 0.0
+
+
+def _heaviest_stage(ctx: TemplateContext, subset: tuple[ResourceClass, ...],
+                    estimates: _Estimates, rooms: _Rooms, rows: np.ndarray) -> np.ndarray:
+    """Per structure (`rows` of `estimates`), the least time of one micro-batch through its
+    heaviest stage at which its stages, in the best order of its classes that `_swept`
+    tries, cover the model in whole layers. The first and last stage hold the model's end
+    layer (an embedding, a head) at its own time and memory; each stage holds floor((t -
+    its transfers - that layer) / its class's mean layer time) of the layers between, at
+    least one in the middle, no more than it can keep in memory with the micro-batches it
+    has in flight as the layer DP counts them. Its transfers are priced as `_split` prices
+    them, at the model's mean layer output. Where no order can hold the model, infinite:
+    the structure is ruled out. On a model whose layers between its end ones are alike,
+    this is the layer DP's least bottleneck.
+
+    Why each term: the front stages of 1F1B keep the most micro-batches (on a memory-tight
+    LLaMA-7B input they held one or two layers of a V100 pair's six), a stage next to a
+    slow link holds fewer (there a stage each side of a link between zones paid 47 ms a
+    micro-batch, more than a layer pair's compute), and an embedding costs next to nothing
+    (taken for a block, it put an estimate 26% above the DP's). The estimate that gave
+    every stage its balanced share of mean layers and the cheapest link ranked the grid
+    that won ninth, out of reach of the sweeps on large fleets."""
+    # Rows of like depth together: arrays padded to the deepest of a few, not of them all.
+    depth = estimates.stages[rows].sum(axis=1)
+    bucket = np.ceil(np.log2(depth))
+    found = np.empty(len(rows))
+    for value in np.unique(bucket):
+        alike = bucket == value
+        found[alike] = _heaviest_of_alike(ctx, subset, estimates, rooms, rows[alike])
+    return found
+
+
+def _heaviest_of_alike(ctx: TemplateContext, subset: tuple[ResourceClass, ...],
+                       estimates: _Estimates, rooms: _Rooms, rows: np.ndarray
+                       ) -> np.ndarray:
+    """`_heaviest_stage` of some rows, every order of their classes at once."""
+    tables = ctx.tables
+    stages = estimates.stages[rows]  # (rows, classes)
+    b = estimates.micro_batch[rows]
+    depth = stages.sum(axis=1)
+    position = np.arange(int(depth.max()))  # from the front
+    real = position[None, :] < depth[:, None]  # (rows, positions)
+    from_back = np.maximum(depth[:, None] - position[None, :], 1)
+    which, middle, first, last = rooms.which[rows], rooms.middle, rooms.first, rooms.last
+    layer_s, first_s, last_s = rooms.layer_s, rooms.first_s, rooms.last_s
+    ends = (position[None, :] == 0, from_back == 1)
+    moved = _mean_output(ctx)
+    latency, per_byte = _links(ctx, subset)
+    pairs = np.arange(len(rows))[:, None]
+    # Every order at once (orders, rows, positions): the class of every position is the
+    # first of the order whose stages reach past it.
+    orders = np.array(_order_indices(tables, subset))
+    reach = np.cumsum(stages[:, orders].transpose(1, 0, 2), axis=2)  # (orders, rows, classes)
+    at = np.take_along_axis(orders[:, None, :], np.minimum(
+        (reach[:, :, None, :] <= position[None, None, :, None]).sum(axis=3),
+        len(subset) - 1), axis=2)
+    room = which[pairs, at]
+    most = np.where(ends[0], first[room, from_back],
+                    np.where(ends[1], last[room, 1], middle[room, from_back]))
+    own = np.where(ends[0], first_s[room], np.where(ends[1], last_s[room], 0.0))
+    if ctx.blocking:
+        # Each transfer in and out, forward and backward, charged to its stage.
+        crossing = np.where(real[:, 1:], latency[at[..., :-1], at[..., 1:]]
+                            + (b * moved)[:, None] * per_byte[at[..., :-1], at[..., 1:]], 0.0)
+        paid = 2 * (np.pad(crossing, ((0, 0), (0, 0), (1, 0)))
+                    + np.pad(crossing, ((0, 0), (0, 0), (0, 1))))
+    else:
+        paid = np.zeros(room.shape)
+    least = np.where(real & ~ends[0] & ~ends[1], 1.0, 0.0)
+    # A stage without room for its least holds nothing: no t covers the model.
+    return _whole_layers_bottleneck(
+        np.where(real, layer_s[room], np.inf), paid + own,
+        np.where(real, np.where(most >= least, most, -np.inf), 0.0), least,
+        tables.num_layers - 2).min(axis=0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Rooms:
+    """What the stages of some structures can hold, per distinct (class, micro-batch size,
+    tp, state share) among them: `which[row, class]` indexes the arrays below."""
+
+    which: np.ndarray
+    middle: np.ndarray
+    first: np.ndarray
+    last: np.ndarray
+    """(room, k): the most layers a stage k-th from the back holds (`_stage_layers`)."""
+    layer_s: np.ndarray
+    first_s: np.ndarray
+    last_s: np.ndarray
+    """(room,): the layer times of `_layer_times`."""
+
+
+def _rooms(ctx: TemplateContext, subset: tuple[ResourceClass, ...], estimates: _Estimates,
+           per_param: np.ndarray) -> _Rooms:
+    """The rooms of every row of `estimates` (`per_param[n - 1]`: state bytes per parameter
+    with n replicas)."""
+    _, share = np.unique(per_param, return_inverse=True)
+    points = ctx.tables.points
+    sizes = np.array(sorted({b for (_, b, _) in points}))
+    tp_values = np.array(sorted({tp for (_, _, tp) in points}))
+    tps = estimates.tps
+    # One integer per (class, micro-batch size, tp, share), a few distinct among thousands:
+    # those present numbered in order (a sort of them all cost more than the rest).
+    size = np.searchsorted(sizes, estimates.micro_batch)[:, None]
+    keys = ((np.arange(len(subset))[None, :] * len(sizes) + size) * len(tp_values)
+            + np.searchsorted(tp_values, tps)) * (share.max() + 1) + share[
+        estimates.counts - 1][:, None]
+    present = np.zeros(int(keys.max()) + 1, dtype=bool)
+    present[keys] = True
+    number = np.cumsum(present) - 1
+    seen_at = np.zeros(len(present), dtype=int)
+    seen_at[keys.ravel()] = np.arange(keys.size)  # any (row, class) with that key
+    rows, classes = np.unravel_index(seen_at[present], tps.shape)
+    which = number[keys]
+    found = [(_stage_layers(ctx, subset[c], b, int(tps[r, c]), float(per_param[n - 1])),
+              _layer_times(ctx.tables, subset[c], b, int(tps[r, c])))
+             for r, c, b, n in zip(rows.tolist(), classes.tolist(),
+                                   estimates.micro_batch[rows].tolist(),
+                                   estimates.counts[rows].tolist(), strict=True)]
+    held = [np.array([f[0][side] for f in found]) for side in range(3)]
+    times = np.array([f[1] for f in found])
+    return _Rooms(which=which, middle=held[0], first=held[1], last=held[2],
+                  layer_s=times[:, 0], first_s=times[:, 1], last_s=times[:, 2])
 
 
 def _stage_layers(ctx: TemplateContext, cls: ResourceClass, b: int, tp: int, per_param: float
-                  ) -> tuple[list[float], list[tuple[float, float]]]:
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """For stages of `cls` at (b, tp) k-th from the back (k = 0 .. the deepest pipeline):
-    the most middle layers one holds, summed over 1..k, and the most layers the first and
-    the last stage hold (-inf where their own layer does not fit). Shared by a search."""
+    the most layers between the model's end ones that one in the middle holds, that the
+    first holds beside the model's first layer and the last beside its last (-inf where
+    that layer alone does not fit), with the micro-batches it keeps in flight as the layer
+    DP counts them, each as many as the cheapest allows. Shared by a search."""
     tables = ctx.tables
     key = ("stage layers", cls.gpu_type, b, tp, per_param, ctx.schedule)
     found = tables.matrices.get(key)
@@ -336,14 +473,24 @@ def _stage_layers(ctx: TemplateContext, cls: ResourceClass, b: int, tp: int, per
         cheapest = (cost[:, 1:-1].min(axis=1) if num_layers > 2
                     else np.full(len(flight), np.inf))
         capacity = tables.capacity_bytes[cls.gpu_type]
-        each = np.floor(capacity / cheapest)
-        each[0] = 0
+        middle = np.floor(capacity / cheapest)
+        middle[0] = 0
         room = capacity - cost[:, [0, num_layers - 1]]  # beside its own end layer
-        ends = np.where(room >= 0, 1 + np.floor(np.maximum(room, 0) / cheapest[:, None]),
+        ends = np.where(room >= 0, np.floor(np.maximum(room, 0) / cheapest[:, None]),
                         -np.inf)
-        found = tables.matrices[key] = (np.cumsum(each).tolist(),
-                                        [tuple(row) for row in ends.tolist()])
-    return cast(tuple[list[float], list[tuple[float, float]]], found)
+        found = tables.matrices[key] = (middle, ends[:, 0], ends[:, 1])
+    return cast(tuple[np.ndarray, np.ndarray, np.ndarray], found)
+
+
+def _layer_times(tables: ScenarioTables, cls: ResourceClass, b: int, tp: int
+                 ) -> tuple[float, float, float]:
+    """Forward and backward at (b, tp) on `cls`: the mean of a layer between the model's
+    end ones, its first layer's and its last's."""
+    compute = tables.points[(cls.gpu_type, b, tp)].compute_s
+    inner = tables.num_layers - 2
+    first, last = float(compute[1] - compute[0]), float(compute[-1] - compute[-2])
+    mean = float(compute[-2] - compute[1]) / inner if inner > 0 else max(first, last)
+    return mean, first, last
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -356,65 +503,123 @@ class _Estimates:
     tps: np.ndarray
     counts: np.ndarray
     stages: np.ndarray
-    stage_s: np.ndarray
-    """The balanced stage time."""
+    step_s: np.ndarray
+    """A micro-batch through a balanced stage, its transfers at the cheapest link."""
     steady: np.ndarray
     """Micro-batches after the first, each waiting for the heaviest stage."""
     layer_s: np.ndarray
-    """Per class: its mean time per layer."""
+    """Per class: its mean time per layer between the model's end ones."""
 
 
-def _by_whole_layers(estimates: _Estimates, num_layers: int) -> Iterator[int]:
+def _by_whole_layers(estimates: _Estimates,
+                     heaviest: Sequence[Callable[[np.ndarray], np.ndarray]]) -> Iterator[int]:
     """Rows in order of their estimate with whole layers: the fill runs through balanced
-    stages, but every further micro-batch waits for the heaviest stage, which whole layers
-    may not balance (24 stages over 34 layers: twice the balanced time). The balanced
-    estimate is a lower bound of it: rows are corrected in batches in its order, and one
-    is given once no row still uncorrected can come before it (ties in balanced order)."""
+    stages, but every further micro-batch waits for the heaviest stage, which whole layers,
+    memory and links may not balance (24 stages over 34 layers: twice the balanced time).
+    `heaviest` estimates that stage for some rows, each estimate at least the one before it
+    and dearer: the last one counts. The balanced estimate is a lower bound of them all:
+    rows are corrected by the first in batches in its order, by the next in the order that
+    gives, and so on; a row is given once no row still uncorrected can come before it (ties
+    in the order before). Rows no order of stages can hold (infinite) are not given."""
+    def total(slowest: Callable[[np.ndarray], np.ndarray], rows: np.ndarray) -> np.ndarray:
+        found = slowest(rows)
+        possible = np.isfinite(found)
+        # Never below the balanced estimate: stages at the ends transfer half as much.
+        return np.where(possible, estimates.balanced_s[rows] + estimates.steady[rows]
+                        * np.maximum(0.0, np.where(possible, found, 0.0)
+                                     - estimates.step_s[rows]), np.inf)
+
     order = np.argsort(estimates.balanced_s, kind="stable")
-    ready: list[tuple[float, int, int]] = []  # (whole-layer estimate, rank, row)
+    ranked: Iterator[tuple[float, int]] = zip(estimates.balanced_s[order].tolist(),
+                                              order.tolist(), strict=True)
+    for slowest in heaviest:
+        ranked = _refined(ranked, functools.partial(total, slowest))
+    return (row for _, row in ranked)
+
+
+def _refined(ranked: Iterator[tuple[float, int]], refine: Callable[[np.ndarray], np.ndarray]
+             ) -> Iterator[tuple[float, int]]:
+    """(key, row) in order of `refine`'s keys, from (lower bound of it, row) in order of the
+    bound, refining in batches, each twice the last, only as far as the order needs;
+    infinite keys dropped."""
+    ready: list[tuple[float, int, int]] = []  # (key, rank, row)
+    upcoming = next(ranked, None)
     done = 0
     batch = CORRECTED_FIRST
-    while done < len(order) or ready:
-        if done < len(order) and (not ready or ready[0][0] > estimates.balanced_s[order[done]]):
-            rows = order[done:done + batch]
-            heaviest = _whole_layers_bottleneck(estimates.stages[rows], estimates.layer_s[rows],
-                                                num_layers)
-            totals = (estimates.balanced_s[rows]
-                      + estimates.steady[rows] * (heaviest - estimates.stage_s[rows]))
-            for rank, (total, row) in enumerate(zip(totals.tolist(), rows.tolist(),
-                                                    strict=True), start=done):
-                heapq.heappush(ready, (total, rank, row))
+    while upcoming is not None or ready:
+        if upcoming is not None and (not ready or ready[0][0] > upcoming[0]):
+            rows = [upcoming[1], *(row for _, row in itertools.islice(ranked, batch - 1))]
+            for rank, (key, row) in enumerate(zip(refine(np.array(rows)).tolist(), rows,
+                                                  strict=True), start=done):
+                if key < np.inf:
+                    heapq.heappush(ready, (key, rank, row))
             done += len(rows)
             batch *= 2
+            upcoming = next(ranked, None)
             continue
-        yield heapq.heappop(ready)[2]
+        key, _, row = heapq.heappop(ready)
+        yield key, row
 
 
-def _whole_layers_bottleneck(stages: np.ndarray, layer_s: np.ndarray, num_layers: int
+def _whole_layers_bottleneck(layer_s: np.ndarray, start: np.ndarray, most: np.ndarray,
+                             least: np.ndarray, needed: int, count: np.ndarray | int = 1
                              ) -> np.ndarray:
-    """Per structure (rows of `stages`, stages per class), the least stage time t at which
-    its stages cover the model in whole layers, each of class c holding floor(t / layer_s[c])
-    of them and at least one: the layers taken as equal, each class's the mean of its own."""
-    low = layer_s.max(axis=1)  # every stage holds a layer
-    high = low * num_layers  # every stage holds the whole model
+    """Per pipeline (all axes of `layer_s` but the last, which runs over its stages, or runs
+    of `count` alike stages), the least stage time t at which its stages hold `needed`
+    layers: the stage with mean layer time s, busy for `start` before them (transfers, a
+    layer of its own), holding floor((t - start) / s) of them and no more than
+    `most`, t long enough for `least` of them; infinite where no t does (padding stages: s
+    infinite, the rest 0)."""
+    real = np.isfinite(layer_s)
+    finite_s = np.where(real, layer_s, 0.0)
+    low = np.where(real, start + least * finite_s, 0.0).max(axis=-1)
+    high = low + finite_s.max(axis=-1) * max(needed, 1)  # every stage holding them all
+    per_s = (1 + 1e-12) / layer_s  # padding: 0
+    offset = np.where(real, start * per_s, 0.0)
+
+    def held(t: np.ndarray) -> np.ndarray:
+        return np.minimum(np.floor(t[..., None] * per_s - offset), most)
+
+    def covered(t: np.ndarray) -> np.ndarray:
+        return (held(t) if isinstance(count, int) else count * held(t)).sum(axis=-1)
+
+    possible = covered(high) >= needed
+    low, high = _bisected(low, high, lambda t: covered(t) >= needed)
+    # The interval left is narrower than a step of most stages: the least t is where the
+    # stage that last took a layer took it (exact, but where steps are closer than that).
+    took = np.where(real, start + np.maximum(held(high), 0.0) * finite_s, 0.0).max(axis=-1)
+    return np.where(possible, np.clip(took, low, high), np.inf)
+
+
+def _bisected(low: np.ndarray, high: np.ndarray, enough: Callable[[np.ndarray], np.ndarray]
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """[low, high] halved BISECTIONS times about where `enough` (monotone in t) turns true:
+    false at low (or low a bound below), true at high."""
     for _ in range(BISECTIONS):
         mid = (low + high) / 2
-        covered = (stages * np.floor(mid[:, None] / layer_s * (1 + 1e-12))).sum(axis=1)
-        enough = covered >= num_layers
-        high = np.where(enough, mid, high)
-        low = np.where(enough, low, mid)
-    return high
+        done = enough(mid)
+        high = np.where(done, mid, high)
+        low = np.where(done, low, mid)
+    return low, high
 
 
 def _class_orders(tables: ScenarioTables, grid: _Grid
                   ) -> list[tuple[tuple[ResourceClass, int, int], ...]]:
-    """(class, tp, stages) of the grid's classes in each order its replicas try: every
-    order, or with MAX_ORDERS_FROM classes and more, by memory both ways."""
+    """(class, tp, stages) of the grid's classes in each order its replicas try
+    (`_order_indices`)."""
     keys = [(c, tp, s) for c, tp, s in zip(grid.classes, grid.tp, grid.stages, strict=True)]
-    if len(keys) < MAX_ORDERS_FROM:
-        return list(itertools.permutations(keys))
-    by_memory = sorted(keys, key=lambda k: -tables.capacity_bytes[k[0].gpu_type])
-    return [tuple(by_memory), tuple(reversed(by_memory))]
+    return [tuple(keys[i] for i in order) for order in _order_indices(tables, grid.classes)]
+
+
+def _order_indices(tables: ScenarioTables, classes: Sequence[ResourceClass]
+                   ) -> list[tuple[int, ...]]:
+    """Orders of `classes` (their indices, front first) that a grid's replicas try: every
+    order, or with MAX_ORDERS_FROM classes and more, by memory both ways."""
+    if len(classes) < MAX_ORDERS_FROM:
+        return list(itertools.permutations(range(len(classes))))
+    by_memory = tuple(sorted(range(len(classes)),
+                             key=lambda i: -tables.capacity_bytes[classes[i].gpu_type]))
+    return [by_memory, by_memory[::-1]]
 
 
 def _swept(ctx: TemplateContext, grid: _Grid, *, least_time: bool = True

@@ -284,7 +284,7 @@ def test_every_candidate_source_builds_within_the_block_cap(max_blocks: int) -> 
     def depths(tables: Any) -> set[int]:
         templates = generate_templates(tables, Schedule.LOCAL)
         candidates = [*per_type_candidates(tables),
-                      *(c for family in grid_candidates(tables) for c in family),
+                      *grid_candidates(tables),
                       *(c for group in launcher_baselines(tables).values() for c in group)]
         return ({t.num_stages for t in templates}
                 | {len(p.stages) for c in candidates for p in c.plan.pipelines})
