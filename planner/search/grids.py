@@ -227,9 +227,6 @@ def _least(ctx: TemplateContext, subset: tuple[ResourceClass, ...],
         whole = np.array(list(itertools.product(*[
             [float(tables.points[(c.gpu_type, b, tp)].compute_s[-1]) for tp in tp_options]
             for c, tp_options in zip(subset, options, strict=True)])))
-        middle = np.array(list(itertools.product(*[
-            [_layer_times(tables, c, b, tp)[0] for tp in tp_options]
-            for c, tp_options in zip(subset, options, strict=True)])))
         n = np.arange(1, int(slots.min(axis=1).max()) + 1)  # (counts,)
         # Counts that split every class's stages evenly and leave each replica a
         # micro-batch, per choice: each class's options tested once, then gathered.
@@ -245,7 +242,6 @@ def _least(ctx: TemplateContext, subset: tuple[ResourceClass, ...],
         if not len(choice):
             continue
         counts, their_tps, their_whole = n[count], tps[choice], whole[choice]
-        their_middle = middle[choice]
         stage_s = 1.0 / (stages / their_whole).sum(axis=1)
         transfer_s = 0.0 if not ctx.blocking else min(
             link.latency_s + moved * b / link.bytes_per_s for link in inside + across)
@@ -265,8 +261,7 @@ def _least(ctx: TemplateContext, subset: tuple[ResourceClass, ...],
         found.append(_Estimates(
             micro_batch=np.full(int(fits.sum()), b), balanced_s=(pipeline_s + sync_s)[fits],
             tps=their_tps[fits], counts=counts[fits], stages=stages[fits],
-            step_s=step_s[fits], steady=steady[fits],
-            layer_s=their_middle[fits]))
+            step_s=step_s[fits], steady=steady[fits]))
     if not found:
         return
     every = _Estimates(**{name: np.concatenate([getattr(f, name) for f in found])
@@ -292,7 +287,7 @@ def _heaviest_per_class(ctx: TemplateContext, subset: tuple[ResourceClass, ...],
     holds an end layer, and the class's stages together hold no more than they would at
     the back of the pipeline, where they keep the fewest micro-batches in flight."""
     stages = estimates.stages[rows]
-    layer_s = estimates.layer_s[rows]
+    layer_s = rooms.layer_s[rooms.which[rows]]  # (rows, classes)
     at_back = np.cumsum(rooms.middle, axis=1)[rooms.which[rows], stages]
     if ctx.blocking:
         latency, per_byte = _links(ctx, subset)
@@ -507,8 +502,6 @@ class _Estimates:
     """A micro-batch through a balanced stage, its transfers at the cheapest link."""
     steady: np.ndarray
     """Micro-batches after the first, each waiting for the heaviest stage."""
-    layer_s: np.ndarray
-    """Per class: its mean time per layer between the model's end ones."""
 
 
 def _by_whole_layers(estimates: _Estimates,
@@ -562,14 +555,12 @@ def _refined(ranked: Iterator[tuple[float, int]], refine: Callable[[np.ndarray],
 
 
 def _whole_layers_bottleneck(layer_s: np.ndarray, start: np.ndarray, most: np.ndarray,
-                             least: np.ndarray, needed: int, count: np.ndarray | int = 1
-                             ) -> np.ndarray:
-    """Per pipeline (all axes of `layer_s` but the last, which runs over its stages, or runs
-    of `count` alike stages), the least stage time t at which its stages hold `needed`
-    layers: the stage with mean layer time s, busy for `start` before them (transfers, a
-    layer of its own), holding floor((t - start) / s) of them and no more than
-    `most`, t long enough for `least` of them; infinite where no t does (padding stages: s
-    infinite, the rest 0)."""
+                             least: np.ndarray, needed: int) -> np.ndarray:
+    """Per pipeline (all axes of `layer_s` but the last, which runs over its stages), the
+    least stage time t at which its stages hold `needed` layers: the stage with mean layer
+    time s, busy for `start` before them (transfers, a layer of its own), holding
+    floor((t - start) / s) of them and no more than `most`, t long enough for `least` of
+    them; infinite where no t does (padding stages: s infinite, the rest 0)."""
     real = np.isfinite(layer_s)
     finite_s = np.where(real, layer_s, 0.0)
     low = np.where(real, start + least * finite_s, 0.0).max(axis=-1)
@@ -581,7 +572,7 @@ def _whole_layers_bottleneck(layer_s: np.ndarray, start: np.ndarray, most: np.nd
         return np.minimum(np.floor(t[..., None] * per_s - offset), most)
 
     def covered(t: np.ndarray) -> np.ndarray:
-        return (held(t) if isinstance(count, int) else count * held(t)).sum(axis=-1)
+        return held(t).sum(axis=-1)
 
     possible = covered(high) >= needed
     low, high = _bisected(low, high, lambda t: covered(t) >= needed)

@@ -188,7 +188,7 @@ def test_structures_come_in_order_of_their_whole_layer_estimate(seed: int, rows:
     estimates = grids._Estimates(
         micro_batch=np.ones(rows, dtype=int), tps=np.ones((rows, 3), dtype=int),
         counts=np.ones(rows, dtype=int), stages=stages, step_s=step_s, steady=steady,
-        layer_s=layer_s, balanced_s=(steady + stages.sum(axis=1)) * step_s
+        balanced_s=(steady + stages.sum(axis=1)) * step_s
         + rng.uniform(0, 0.5, size=rows))
     # Any heaviest stage will do (one below the balanced step corrects nothing); some rows
     # ruled out; a first estimate of it below the second, which counts.
@@ -423,13 +423,11 @@ def test_few_micro_batches_reach_the_proven_optimum_without_the_enumeration(
 
 def estimates_of(ctx: TemplateContext, grid: Any) -> Any:
     """`grids._Estimates` of one structure, as far as the heaviest stage reads them."""
-    layer_s = [grids._layer_times(ctx.tables, c, grid.micro_batch, tp)[0]
-               for c, tp in zip(grid.classes, grid.tp, strict=True)]
     one = np.zeros(1)
     return grids._Estimates(
         micro_batch=np.array([grid.micro_batch]), tps=np.array([grid.tp]),
         counts=np.array([grid.replicas]), stages=np.array([grid.stages]),
-        layer_s=np.array([layer_s]), balanced_s=one, step_s=one, steady=one)
+        balanced_s=one, step_s=one, steady=one)
 
 
 def with_end_layers(doc: dict[str, Any], embedding: tuple[float, float],
