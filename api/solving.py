@@ -8,7 +8,7 @@ runs in a search process, forked from a server that has already imported the pla
 kept for the next search while it behaves; the caller only waits on a pipe. The caller
 stops a search by killing its process:
 
-- at the hard deadline, `deadline_s(time_limit_s)`: answered as `SolverTimeout`;
+- at the hard deadline, `deadline_s(time_limit_s, scenario)`: answered as `SolverTimeout`;
 - when the job's progress callback raises (a cancel): the exception propagates.
 
 Errors are rendered in the child (`error_status`, `error_body`) and raised again in the
@@ -51,9 +51,22 @@ def start_search_server() -> None:
     forkserver.ensure_running()
 
 
-def deadline_s(time_limit_s: float) -> float:
-    """When a search is killed: half its time limit again, plus 2 s for start and answer."""
-    return 1.5 * time_limit_s + 2.0
+UNTIMED_S_PER_GPU = 0.001
+UNTIMED_S_PER_LAYER_PAIR = 8e-5
+"""What the search's steps that no time limit governs (cost tables, templates, baselines,
+grids) may take, per GPU and per layer squared (the layer partition's matrices): about
+three times what they took on 2 vCPUs, 0.6 s + 0.3 ms per GPU + 2.5e-5 s per layer squared
+(80-16,400 GPUs, 130-514 layers, BENCHMARKS 3). Given 0.5 s for 4,096 GPUs a search took
+3 s, and was killed at 2.75 s before they counted."""
+
+
+def deadline_s(time_limit_s: float, scenario: planner.Scenario) -> float:
+    """When a search is killed: half its time limit again, plus 2 s for start and answer,
+    plus what its untimed steps may take on a scenario of this size."""
+    gpus = sum(node.gpus for node in scenario.cluster.nodes)
+    layers = len(scenario.model.layers)
+    return (1.5 * time_limit_s + 2.0 + UNTIMED_S_PER_GPU * gpus
+            + UNTIMED_S_PER_LAYER_PAIR * layers * layers)
 
 
 Search = Callable[[planner.Scenario, planner.SearchOptions], planner.PlanResult]
@@ -123,7 +136,8 @@ class ProcessSolver:
         worker = self._take()
         try:
             worker.pipe.send((scenario, options))
-            answer = self._wait(worker.pipe, options.time_limit_s, progress)
+            answer = self._wait(worker.pipe, options.time_limit_s,
+                                deadline_s(options.time_limit_s, scenario), progress)
         except BaseException:
             worker.stop()
             raise
@@ -156,17 +170,16 @@ class ProcessSolver:
         worker.stop()
 
     @staticmethod
-    def _wait(receiver: Connection, time_limit_s: float,
+    def _wait(receiver: Connection, time_limit_s: float, limit_s: float,
               progress: ProgressCallback | None) -> Any:
         started = time.monotonic()
-        limit_s = deadline_s(time_limit_s)
         while not receiver.poll(_PROGRESS_S):
             waited_s = time.monotonic() - started
             if waited_s >= limit_s:
                 raise SolverTimeout(
                     f"the search ran {waited_s:.1f} s, past the server's hard deadline of "
-                    f"{limit_s:.1f} s for a {time_limit_s:g} s time limit, and was stopped; "
-                    "plan a smaller scenario or drop `exact`")
+                    f"{limit_s:.1f} s for a {time_limit_s:g} s time limit and a scenario of "
+                    "this size, and was stopped; plan a smaller scenario or drop `exact`")
             if progress is not None:  # raises to cancel; the caller then kills the search
                 progress(min(waited_s / time_limit_s, 0.99), f"searching ({waited_s:.0f} s)")
         try:

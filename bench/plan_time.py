@@ -9,8 +9,10 @@ pays once.
 With --schedules 1f1b,interleaved-1f1b --recompute the searches may also choose
 interleaving and recomputation (issue: planning time with the extra schedules allowed).
 Usage: python bench/plan_time.py [--sizes 64,512,4096,8192] [--time-limit S] [--repeats N]
-       [--schedules LIST] [--recompute] [--local]
-With --local every input is planned as a local-learning job (`job.schedule` local).
+       [--schedules LIST] [--recompute] [--local] [--layers N]
+With --local every input is planned as a local-learning job (`job.schedule` local); with
+--layers N every model is given N layers (its commonest kind repeated), for the time the
+search's untimed steps take against model size (`api/solving.py`'s hard deadline).
 """
 
 from __future__ import annotations
@@ -66,14 +68,24 @@ def scaled(name: str, total_gpus: int) -> dict:
     return doc
 
 
+def with_layers(doc: dict, count: int) -> dict:
+    """The model's first and last layers with `count - 2` of its commonest kind between."""
+    layers = doc["model"]["layers"]
+    middle = max(set(layers[1:-1]), key=layers[1:-1].count)
+    doc["model"]["layers"] = [layers[0]] + [middle] * (count - 2) + [layers[-1]]
+    return doc
+
+
 def child(name: str, size: int, time_limit: float, schedules: str | None,
-          recompute: bool, local: bool) -> None:
+          recompute: bool, local: bool, layers: int | None) -> None:
     started = time.perf_counter()
     from planner import SearchOptions, parse_scenario, plan
     from planner.documents import Schedule
 
     import_s = time.perf_counter() - started
     doc = scaled(name, size)
+    if layers is not None:
+        doc = with_layers(doc, layers)
     if local:
         sys.path.insert(0, str(ROOT))
         from bench.schedules import with_local_head
@@ -118,14 +130,18 @@ def main() -> None:
     parser.add_argument("--local", action="store_true",
                         help="plan each input as a local-learning job (its head derived as "
                              "bench/schedules.py derives it)")
+    parser.add_argument("--layers", type=int, default=None,
+                        help="give each input's model this many layers (its commonest kind "
+                             "repeated between the first and the last)")
     parser.add_argument("--child", nargs=2)
     args = parser.parse_args()
     if args.child:
         child(args.child[0], int(args.child[1]), args.time_limit, args.schedules,
-              args.recompute, args.local)
+              args.recompute, args.local, args.layers)
         return
     extra = ([] if args.schedules is None else ["--schedules", args.schedules]) + (
-        ["--recompute"] if args.recompute else []) + (["--local"] if args.local else [])
+        ["--recompute"] if args.recompute else []) + (["--local"] if args.local else []) + (
+        [] if args.layers is None else ["--layers", str(args.layers)])
     print(f"machine: {platform.machine()}, Python {platform.python_version()}, "
           f"date {time.strftime('%Y-%m-%d')}, time limit {args.time_limit} s, "
           f"{args.repeats} fresh processes per row, speed index {speed_index():.2f} s, "

@@ -79,7 +79,9 @@ def plan_command(
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Write the plan here "
                                                 "(default: stdout).")] = None,
     time_limit_s: Annotated[float, typer.Option("--time-limit", min=0.01,
-                                                help="Search budget, seconds.")] = 10.0,
+                                                help="Search budget, seconds (of its time-limited "
+                                                "steps: templates and baselines are built "
+                                                "whatever it is).")] = 10.0,
     server: Annotated[str | None, typer.Option(help="Plan on the hetplan service at this "
                                                "URL instead of locally.")] = None,
     token: Annotated[str | None, typer.Option(envvar="HETPLAN_TOKEN",

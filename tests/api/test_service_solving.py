@@ -100,16 +100,49 @@ def test_search_past_its_memory_bound_is_422_naming_the_bound(
     solver.close()
 
 
-def test_hard_deadline_is_half_the_time_limit_again_plus_two_seconds() -> None:
-    assert deadline_s(10.0) == 17.0
+def scaled(copies: int) -> planner.Scenario:
+    """The test scenario with `copies` of every node (named apart)."""
+    document = json.loads((DATA / "scenario.json").read_text())
+    document["cluster"]["nodes"] = [dict(node, name=f"{node['name']}-{c}") for c in range(copies)
+                                    for node in document["cluster"]["nodes"]]
+    return planner.parse_scenario(document)
+
+
+def test_hard_deadline_is_half_the_time_limit_again_plus_two_seconds_plus_the_untimed_steps(
+        scenario: planner.Scenario) -> None:
+    layers = len(scenario.model.layers)
+    gpus = sum(node.gpus for node in scenario.cluster.nodes)
+    assert deadline_s(10.0, scenario) == pytest.approx(17.0 + 0.001 * gpus + 8e-5 * layers**2)
+    # Every step of a search that no time limit governs grows with the fleet: so does the
+    # deadline, by a millisecond per GPU.
+    assert deadline_s(10.0, scaled(100)) == pytest.approx(
+        deadline_s(10.0, scenario) + 0.001 * 99 * gpus)
+
+
+def sleeps_three_seconds(scenario: planner.Scenario, options: planner.SearchOptions) -> Any:
+    time.sleep(3.0)
+    return os.getpid()
+
+
+def test_search_of_a_large_fleet_is_not_killed_for_steps_its_time_limit_does_not_govern(
+        scenario: planner.Scenario) -> None:
+    """A 0.2 s time limit once gave every search 2.3 s: a fleet of thousands of GPUs, whose
+    templates and baselines alone take seconds, was killed without a plan."""
+    large = scaled(-(-2048 // sum(node.gpus for node in scenario.cluster.nodes)))
+    assert deadline_s(OPTIONS.time_limit_s, scenario) < 3.0 < deadline_s(
+        OPTIONS.time_limit_s, large)
+    solver = ProcessSolver(sleeps_three_seconds)  # type: ignore[arg-type]
+    assert solver(large, OPTIONS, None) != os.getpid()
+    solver.close()
 
 
 def test_search_past_its_hard_deadline_is_killed_and_answered_as_solver_timeout(
         scenario: planner.Scenario) -> None:
+    limit_s = deadline_s(OPTIONS.time_limit_s, scenario)
     started = time.monotonic()
-    with pytest.raises(SolverTimeout, match="hard deadline of 2.3 s"):
+    with pytest.raises(SolverTimeout, match=f"hard deadline of {limit_s:.1f} s"):
         ProcessSolver(runs_forever)(scenario, OPTIONS, None)
-    assert 2.3 <= time.monotonic() - started < 4.0
+    assert limit_s <= time.monotonic() - started < limit_s + 1.7
 
 
 def test_cancel_through_the_progress_callback_kills_the_search(
