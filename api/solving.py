@@ -69,8 +69,10 @@ def deadline_s(time_limit_s: float, scenario: planner.Scenario) -> float:
             + UNTIMED_S_PER_LAYER_PAIR * layers * layers)
 
 
-Search = Callable[[planner.Scenario, planner.SearchOptions], planner.PlanResult]
-"""What runs in the child: `planner.plan`, or (tests) another module-level function."""
+Search = Callable[[planner.Scenario, planner.SearchOptions, ProgressCallback | None],
+                  planner.PlanResult]
+"""What runs in the child: `planner.plan`, or (tests) another module-level function. Its
+progress reports go to the caller over the pipe, as ("progress", fraction, message)."""
 
 
 def _serve(requests: Connection, search: Search, max_memory_bytes: int | None,
@@ -86,8 +88,11 @@ def _serve(requests: Connection, search: Search, max_memory_bytes: int | None,
             scenario, options = requests.recv()
         except EOFError:
             return
+        def report(fraction: float, message: str) -> None:
+            requests.send(("progress", fraction, message))
+
         try:
-            requests.send(("ok", search(scenario, options)))
+            requests.send(("ok", search(scenario, options, report)))
         except MemoryError:
             error = SearchMemoryExceeded(
                 f"the search needed more than this server's {max_memory_bytes} bytes per "
@@ -172,8 +177,21 @@ class ProcessSolver:
     @staticmethod
     def _wait(receiver: Connection, time_limit_s: float, limit_s: float,
               progress: ProgressCallback | None) -> Any:
+        """The search's answer, its progress reports passed on as they come and at least
+        every _PROGRESS_S (a cancel raises from `progress`)."""
         started = time.monotonic()
-        while not receiver.poll(_PROGRESS_S):
+        fraction, message = 0.0, "searching"
+        while True:
+            if receiver.poll(_PROGRESS_S):
+                try:
+                    answer = receiver.recv()
+                except EOFError:
+                    raise SearchCrashed("the search process ended without an answer "
+                                        "(killed, perhaps for memory); retry, or plan a "
+                                        "smaller scenario") from None
+                if answer[0] != "progress":
+                    return answer
+                fraction, message = answer[1], answer[2]
             waited_s = time.monotonic() - started
             if waited_s >= limit_s:
                 raise SolverTimeout(
@@ -181,10 +199,5 @@ class ProcessSolver:
                     f"{limit_s:.1f} s for a {time_limit_s:g} s time limit and a scenario of "
                     "this size, and was stopped; plan a smaller scenario or drop `exact`")
             if progress is not None:  # raises to cancel; the caller then kills the search
-                progress(min(waited_s / time_limit_s, 0.99), f"searching ({waited_s:.0f} s)")
-        try:
-            return receiver.recv()
-        except EOFError:
-            raise SearchCrashed("the search process ended without an answer (killed, "
-                                "perhaps for memory); retry, or plan a smaller scenario"
-                                ) from None
+                progress(min(fraction, 0.99), message)
+

@@ -25,31 +25,37 @@ def scenario() -> planner.Scenario:
     return planner.parse_scenario(json.loads((DATA / "scenario.json").read_text()))
 
 
-def runs_forever(scenario: planner.Scenario, options: planner.SearchOptions) -> Any:
+def runs_forever(scenario: planner.Scenario, options: planner.SearchOptions,
+        progress: Any = None) -> Any:
     while True:  # ignores its time limit, as exact mode once did
         time.sleep(0.01)
 
 
-def refuses_the_scenario(scenario: planner.Scenario, options: planner.SearchOptions) -> Any:
+def refuses_the_scenario(scenario: planner.Scenario, options: planner.SearchOptions,
+        progress: Any = None) -> Any:
     raise InvalidScenario([Problem(path="job.global_batch_size", message="too small",
                                    value=3)])
 
 
-def dies(scenario: planner.Scenario, options: planner.SearchOptions) -> Any:
+def dies(scenario: planner.Scenario, options: planner.SearchOptions,
+        progress: Any = None) -> Any:
     os._exit(9)
 
 
-def pid_of_search(scenario: planner.Scenario, options: planner.SearchOptions) -> Any:
+def pid_of_search(scenario: planner.Scenario, options: planner.SearchOptions,
+        progress: Any = None) -> Any:
     return os.getpid()
 
 
-def niceness_of_search(scenario: planner.Scenario, options: planner.SearchOptions) -> Any:
+def niceness_of_search(scenario: planner.Scenario, options: planner.SearchOptions,
+        progress: Any = None) -> Any:
     return os.nice(0)
 
 
-def pid_or_hang(scenario: planner.Scenario, options: planner.SearchOptions) -> Any:
+def pid_or_hang(scenario: planner.Scenario, options: planner.SearchOptions,
+        progress: Any = None) -> Any:
     if options.time_limit_s < 1:
-        runs_forever(scenario, options)
+        runs_forever(scenario, options, progress)
     return os.getpid()
 
 
@@ -83,7 +89,8 @@ def test_a_search_process_that_overran_is_not_reused(scenario: planner.Scenario)
     solver.close()
 
 
-def needs_four_gib(scenario: planner.Scenario, options: planner.SearchOptions) -> Any:
+def needs_four_gib(scenario: planner.Scenario, options: planner.SearchOptions,
+                   progress: Any = None) -> Any:
     return len(bytearray(4 * 2**30))
 
 
@@ -119,7 +126,8 @@ def test_hard_deadline_is_half_the_time_limit_again_plus_two_seconds_plus_the_un
         deadline_s(10.0, scenario) + 0.001 * 99 * gpus)
 
 
-def sleeps_three_seconds(scenario: planner.Scenario, options: planner.SearchOptions) -> Any:
+def sleeps_three_seconds(scenario: planner.Scenario, options: planner.SearchOptions,
+        progress: Any = None) -> Any:
     time.sleep(3.0)
     return os.getpid()
 
@@ -161,6 +169,34 @@ def test_cancel_through_the_progress_callback_kills_the_search(
         ProcessSolver(runs_forever)(scenario, planner.SearchOptions(time_limit_s=60), progress)
     assert time.monotonic() - started < 1.5
     assert len(calls) == 1
+
+
+def reports_then_answers(scenario: planner.Scenario, options: planner.SearchOptions,
+                         progress: Any) -> Any:
+    progress(0.25, "templates")
+    time.sleep(0.3)
+    progress(0.5, "allocating")
+    time.sleep(0.3)
+    return os.getpid()
+
+
+def test_progress_of_the_search_reaches_the_caller_as_it_is_reported(
+        scenario: planner.Scenario) -> None:
+    """A job shows the search's own fraction and step, not the time waited."""
+    calls: list[tuple[float, str]] = []
+    ProcessSolver(reports_then_answers)(scenario, OPTIONS, lambda f, m: calls.append((f, m)))
+    assert ("allocating" in {m for _, m in calls}) and calls[-1] == (0.5, "allocating")
+    seen = [m for _, m in calls]
+    assert seen.index("templates") < seen.index("allocating")
+
+
+def test_the_planner_s_own_steps_are_reported_from_its_search_process(
+        scenario: planner.Scenario) -> None:
+    messages: list[str] = []
+    result = ProcessSolver()(scenario, planner.SearchOptions(time_limit_s=2),
+                             lambda fraction, message: messages.append(message))
+    assert planner.evaluate(scenario, result.plan).valid
+    assert "building pipeline templates" in messages
 
 
 def test_error_of_the_search_is_answered_as_the_server_would(
