@@ -58,6 +58,10 @@ class PlacementStyle:
     stage_major: bool = False
     """Stage s of consecutive pipelines share a node (sync rings stay inside nodes);
     otherwise a pipeline's consecutive stages share a node (transfers stay inside)."""
+    aligned: bool = False
+    """(Pipeline-major) A run of a pipeline's stages on one class starts on a node that holds
+    all of it where one does: no pipeline straddles two nodes for want of packing, and the
+    GPUs left idle spread over the nodes, whose shared interfaces then serve fewer rings."""
 
 
 class _FreeGpus:
@@ -84,14 +88,18 @@ class _FreeGpus:
         bucket.setdefault(node.gpus - start - count, {})[node.name] = node
         return [f"{node.name}:{i}" for i in range(start, start + count)]
 
-    def pick(self, key: tuple[str, str | None], tp: int, prefer: Node | None) -> Node | None:
+    def pick(self, key: tuple[str, str | None], tp: int, prefer: Node | None,
+             run: int = 0) -> Node | None:
+        """A node for a stage of `tp` GPUs: `prefer` where it has room, else one with room
+        for the `run` GPUs of the stages that follow on this class where one has, else any.
+        Best fit: partly used nodes first, so whole nodes stay whole for wide stages."""
         if prefer is not None and prefer.gpu_type == key[0] and prefer.zone == key[1] \
                 and self.free(prefer) >= tp:
             return prefer
-        # Best fit: partly used nodes first, so whole nodes stay whole for wide stages.
         bucket = self.buckets[key]
-        for free in sorted(f for f, nodes in bucket.items() if f >= tp and nodes):
-            return next(iter(bucket[free].values()))
+        for need in (run, tp) if run > tp else (tp,):
+            for free in sorted(f for f, nodes in bucket.items() if f >= need and nodes):
+                return next(iter(bucket[free].values()))
         return None
 
 
@@ -111,12 +119,25 @@ def place(
         if style.stage_major and p > 0 and templates[p - 1] is templates[p]:
             prev = gpus[p - 1][s]
             prefer = free.by_name[prev[0].rpartition(":")[0]] if prev else prefer
-        node = free.pick(shape.resource, shape.tp, prefer)
+        run = _run_gpus(templates[p], s) if style.aligned and not style.stage_major else 0
+        node = free.pick(shape.resource, shape.tp, prefer, run)
         if node is None:
             return None
         gpus[p][s] = free.take(node, shape.tp)
         last_node[p] = node
     return gpus
+
+
+def _run_gpus(template: PipelineTemplate, first: int) -> int:
+    """GPUs of stage `first` and of the stages after it on the same class: what a node must
+    hold for them to share it."""
+    resource = template.stages[first].resource
+    total = 0
+    for shape in template.stages[first:]:
+        if shape.resource != resource:
+            break
+        total += shape.tp
+    return total
 
 
 def _placement_order(

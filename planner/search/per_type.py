@@ -24,9 +24,11 @@ start in a node any of them gets (`_straddle_s`).
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -118,7 +120,12 @@ class _ClassArrays:
         self.min_pipelines = np.array([o.min_pipelines for o in group], dtype=float)
         # Samples per micro-batch slot of all copies.
         self.samples = self.copies * np.array([x.micro_batch for x in t], dtype=float)
-        straddle = _straddle_s(tables, group)
+        node_gpus, node_nics = _class_nodes(tables, self.key)
+        # Copies that each fit in a node are placed one node at a time (node-aligned, as
+        # `assemble.place` places them): none straddles two nodes, and the GPUs they leave
+        # idle spread over the nodes, whose shared interfaces then serve fewer rings.
+        self.share, self.aligned = _aligned_shares(node_gpus, node_nics, group)
+        straddle = np.where(self.aligned, 0.0, _straddle_s(tables, group))
         self.fill = np.array([x.fill_s for x in t]) + straddle
         self.bottleneck = np.array([x.bottleneck_s for x in t]) + straddle
         self.cap = np.array([x.max_micro_batches or 10**9 for x in t], dtype=float)
@@ -141,6 +148,38 @@ class _ClassArrays:
         whole = np.floor((target - self.fill[index]) / self.bottleneck[index]) + 1
         whole = np.minimum(np.maximum(whole, 0), self.cap[index])
         return self.samples[index] * whole
+
+
+def _class_nodes(tables: ScenarioTables, key: tuple[str, str | None]
+                 ) -> tuple[list[int], list[int]]:
+    """GPUs and network interfaces of each node of a class, fewest GPUs first (the order in
+    which best-fit placement fills nodes that are all free)."""
+    (cls,) = [c for c in tables.classes if c.key == key]
+    nodes = sorted(cls.nodes, key=lambda n: n.gpus)
+    return [n.gpus for n in nodes], [n.num_nics for n in nodes]
+
+
+def _aligned_shares(node_gpus: list[int], node_nics: list[int],
+                    group: Sequence[ClassOption]) -> tuple[np.ndarray, np.ndarray]:
+    """Per option: the least share of a node's interfaces a sync ring through its nodes gets
+    (`min(1, nics / GPUs used)`, section 3), and whether its copies fit one node each
+    (placed node-aligned). Otherwise they pack node after node, every node used whole."""
+    packed = min(min(1.0, nics / gpus) for gpus, nics in zip(node_gpus, node_nics, strict=True))
+    share = np.full(len(group), packed)
+    aligned = np.zeros(len(group), dtype=bool)
+    for k, option in enumerate(group):
+        per_copy = option.template.num_gpus
+        left = option.copies
+        if sum(gpus // per_copy for gpus in node_gpus) < left:
+            continue
+        least = 1.0
+        for gpus, nics in zip(node_gpus, node_nics, strict=True):
+            here = min(left, gpus // per_copy)
+            if here > 0:
+                least = min(least, nics / (here * per_copy))
+            left -= here
+        share[k], aligned[k] = min(1.0, least), True
+    return share, aligned
 
 
 def _straddle_s(tables: ScenarioTables, group: Sequence[ClassOption]) -> np.ndarray:
@@ -271,13 +310,16 @@ class _Ring:
         for a, b in itertools.combinations_with_replacement(range(len(groups)), 2):
             ca, cb = by_key[groups[a].key], by_key[groups[b].key]
             link = zone_link(scenario, ca.zone, cb.zone)
-            share = min(min(1.0, n.num_nics / n.gpus) for n in (*ca.nodes, *cb.nodes))
-            self.links[(a, b)] = (link.bandwidth_gb_per_s * 1e9 * share, link.latency_us * 1e-6)
+            self.links[(a, b)] = (link.bandwidth_gb_per_s * 1e9, link.latency_us * 1e-6)
 
-    def link(self, used: Sequence[int]) -> tuple[float, float]:
-        pairs = [self.links[(a, b)]
-                 for a, b in itertools.combinations_with_replacement(sorted(used), 2)]
-        return min(p[0] for p in pairs), max(p[1] for p in pairs)
+    def link(self, used: Sequence[int], shares: dict[int, Any]) -> tuple[Any, float]:
+        """Bandwidth (per entry of the shares given as arrays) and latency of the slowest
+        hop between the nodes of the classes `used`, each class's interfaces shared by
+        `shares[class]`."""
+        pairs = list(itertools.combinations_with_replacement(sorted(used), 2))
+        bandwidth = functools.reduce(np.minimum, [
+            self.links[(a, b)][0] * np.minimum(shares[a], shares[b]) for a, b in pairs])
+        return bandwidth, max(self.links[pair][1] for pair in pairs)
 
     def sync_s(self, groups: Sequence[_ClassArrays], choice: Choice, moving: int | None = None
                ) -> np.ndarray:
@@ -287,6 +329,7 @@ class _Ring:
         fixed_n = sum(float(groups[k].copies[choice[k]]) for k in fixed)
         fixed_rows = [(groups[k].stage_params[choice[k]], groups[k].stage_layers[choice[k]])
                       for k in fixed]
+        shares: dict[int, Any] = {k: float(groups[k].share[choice[k]]) for k in fixed}
         if moving is None:
             if len(fixed) == 1:  # one class alone: its replicas may share a node's link
                 (k,) = fixed
@@ -294,23 +337,28 @@ class _Ring:
                 i = choice[k]
                 return self._worst(fixed, np.array([fixed_n]), [],
                                    (g.stage_params[i:i + 1], g.stage_layers[i:i + 1]),
-                                   g.tp[i:i + 1])
-            return np.array([self._worst(fixed, np.array([fixed_n]), fixed_rows, None)[0]])
+                                   shares, g.tp[i:i + 1])
+            return np.array([self._worst(fixed, np.array([fixed_n]), fixed_rows, None,
+                                         shares)[0]])
         g = groups[moving]
         with_it = self._worst([*fixed, moving], fixed_n + g.copies, fixed_rows,
-                              (g.stage_params, g.stage_layers), g.tp if not fixed else None)
+                              (g.stage_params, g.stage_layers), {**shares, moving: g.share},
+                              g.tp if not fixed else None)
         without = self.sync_s(groups, tuple(-1 if k == moving else i
                                             for k, i in enumerate(choice)))
         return np.concatenate((with_it, without))
 
     def _worst(self, used: Sequence[int], n: np.ndarray,
                rows: Sequence[tuple[np.ndarray, np.ndarray]],
-               own: tuple[np.ndarray, np.ndarray] | None, own_tp: np.ndarray | None = None
-               ) -> np.ndarray:
-        """Largest stage sync time, per ring length in `n` (row j of `own` goes with n[j])."""
+               own: tuple[np.ndarray, np.ndarray] | None, shares: dict[int, Any],
+               own_tp: np.ndarray | None = None) -> np.ndarray:
+        """Largest stage sync time, per ring length in `n` (row j of `own`, and of an array
+        in `shares`, goes with n[j])."""
         if not used:
             return np.full(len(n), np.inf)
-        bandwidth, latency = (np.full(len(n), x) for x in self.link(used))
+        slowest, most_latency = self.link(used, shares)
+        bandwidth = np.broadcast_to(slowest, n.shape).astype(float)
+        latency = np.full(len(n), most_latency)
         if len(used) == 1 and own_tp is not None:
             # Replicas of one class that fit in one node keep every ring inside it.
             (only,) = used
