@@ -48,9 +48,9 @@ NUM_THRESHOLDS = 16
 BISECTIONS = 20
 DESCENT_ROUNDS = 4
 DESCENT_STARTS = 6
+"""Sets of least estimated time, from the threshold sweep, that descent starts from."""
 SHARDED_OVER = 8
 """Under ZeRO, templates are also sized for this many pipelines sharing optimizer state."""
-"""Sets of least estimated time, from the threshold sweep, that descent starts from."""
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -60,25 +60,45 @@ class ClassOption:
     template: PipelineTemplate
     copies: int
     min_pipelines: int = 1
-    """The template's state is sized sharded over this many pipelines (ZeRO): valid only in
-    plans of at least as many."""
+    """The fewest pipelines over which the template's state must be sharded (ZeRO) for it to
+    fit: valid only in plans of at least as many."""
 
 
 def class_options(ctx: TemplateContext, cls: ResourceClass) -> list[ClassOption]:
     """Every depth and profiled point of the class, with all its replicas, half and a quarter
     of them (fewer GPUs on a node share its network interfaces among fewer rings). Under
     ZeRO, state sharded over eight pipelines fits deeper into memory: such templates are
-    offered too, valid only in plans of at least eight pipelines."""
+    offered too, valid only in plans of as many pipelines as their split needs to fit."""
     options = []
     sharded = ctx.scenario.job.zero_stage >= 1
     for hint in (1, SHARDED_OVER) if sharded else (1,):
         for template in homogeneous_templates(ctx, cls, num_pipelines=hint):
+            least = 1 if hint == 1 else fewest_sharing(ctx, template, hint)
             most = cls.slots(template.stages[0].tp) // template.num_stages
             for copies in sorted({most, -(-most // 2), -(-most // 4)}, reverse=True):
                 if copies > 0:
                     options.append(ClassOption(template=template, copies=copies,
-                                               min_pipelines=hint))
+                                               min_pipelines=least))
     return options
+
+
+def fewest_sharing(ctx: TemplateContext, template: PipelineTemplate, most: int) -> int:
+    """The fewest pipelines (at most `most`, for which the split was sized) whose ZeRO
+    sharding lets every stage of `template` fit, by section 4's memory: a split sized for
+    eight pipelines often fits among two or three, and a set of fewer was refused it."""
+    tables = ctx.tables
+    bounds, depth, b = template.partition.bounds, template.num_stages, template.micro_batch
+    stages = []
+    for s, shape in enumerate(template.stages):
+        point = tables.points[(shape.gpu_type, b, shape.tp)]
+        acts = float(point.activation_bytes[bounds[s + 1]] - point.activation_bytes[bounds[s]])
+        stages.append((bounds[s], bounds[s + 1], shape.tp,
+                       acts * ctx.in_flight(b, depth - s), tables.capacity_bytes[shape.gpu_type]))
+    for n in range(1, most):
+        if all(tables.state_bytes(start, end, tp, n) + acts <= capacity
+               for start, end, tp, acts, capacity in stages):
+            return n
+    return most
 
 
 def per_type_choices(

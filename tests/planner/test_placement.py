@@ -79,3 +79,32 @@ def test_per_type_choice_sees_the_interface_share_and_no_straddle_of_aligned_cop
             assert arrays.fill[k] == pytest.approx(option.template.fill_s)  # no straddle
             checked += 1
     assert checked > 20
+
+
+def test_a_split_sized_for_sharded_state_is_offered_to_sets_of_as_few_pipelines_as_it_fits(
+) -> None:
+    """Under ZeRO the per-type choice offers splits sized for eight pipelines sharing their
+    optimizer state; each is valid in a set of the fewest pipelines whose sharding lets its
+    every stage fit (section 4), not only in sets of eight: it fits with that many, and with
+    one fewer it does not."""
+    from planner.search.partition import fixed_partition
+
+    document = json.loads((SCENARIOS / "h200x8-h100x16-a80x16-llama13b.json").read_text())
+    tables = compile_tables(parse_scenario(document))
+    assert tables.scenario.job.zero_stage >= 1
+    ctx = TemplateContext(tables, tables.scenario.job.schedule)
+
+    def fits(template: object, n: int) -> bool:
+        specs = [ctx.stage_spec(shape, template.micro_batch, template.num_stages - s, None)
+                 for s, shape in enumerate(template.stages)][::-1]
+        return fixed_partition(tables, specs, list(template.partition.bounds),
+                               blocking=False, num_pipelines=n) is not None
+
+    counts = Counter()
+    for cls in tables.classes:
+        for option in per_type.class_options(ctx, cls):
+            n = option.min_pipelines
+            assert fits(option.template, n)
+            assert n == 1 or not fits(option.template, n - 1)
+            counts[n] += 1
+    assert any(1 < n < per_type.SHARDED_OVER for n in counts)
