@@ -69,7 +69,7 @@ def descend(scenario: Scenario) -> tuple[float, float]:
     def picks_of(choice: tuple[int, ...]) -> list[per_type.ClassOption]:
         return [groups[k].options[i] for k, i in enumerate(choice) if i >= 0]
 
-    offered = [as_choice(p) for p in per_type.per_type_choices(tables, options)]
+    offered = [as_choice(p.picks) for p in per_type.per_type_choices(tables, options)]
     if not offered:
         return baseline, 0.0
     current = min(offered, key=lambda c: ring.iteration_s(groups, c, batch))

@@ -133,6 +133,10 @@ def _per_type(ctx: TemplateContext) -> Iterator[Draft | None]:
     """Homogeneous pipelines per class, side by side, the batch split by speed."""
     tables = ctx.tables
     options = [class_options(ctx, cls) for cls in tables.classes]
-    for choice in per_type_choices(tables, options):
-        pipelines = [o.template for o in choice for _ in range(o.copies)]
-        yield draft(tables, pipelines, "per-type baseline")
+    for chosen in per_type_choices(tables, options):
+        pipelines = [o.template for o in chosen.picks for _ in range(o.copies)]
+        # Ranked for placement by the choice's own sync estimate, which counts the
+        # interfaces copies placed node-aligned leave free (the rough one counts every node
+        # used whole: on a held-out input it put the set the choice ranked first, 1.6%
+        # faster once placed, below the sets judged).
+        yield draft(tables, pipelines, "per-type baseline", sync_s=chosen.sync_s)

@@ -84,13 +84,15 @@ def _given(plan: Plan) -> Plan:
     return plan
 
 
-def draft(tables: ScenarioTables, pipelines: Sequence[PipelineTemplate], origin: str) -> Draft | None:
-    """Water-fill the batch over `pipelines`; those that get no micro-batch are dropped."""
+def draft(tables: ScenarioTables, pipelines: Sequence[PipelineTemplate], origin: str, *,
+          sync_s: float | None = None) -> Draft | None:
+    """Water-fill the batch over `pipelines`; those that get no micro-batch are dropped.
+    `sync_s`: the set's sync as its maker estimated it, in place of the rough estimate."""
     micro_batches = split_batch(pipelines, tables.scenario.job.global_batch_size)
     if micro_batches is None:
         return None
     used = [(t, m) for t, m in zip(pipelines, micro_batches, strict=True) if m > 0]
-    return _draft(tables, [t for t, _ in used], [m for _, m in used], origin)
+    return _draft(tables, [t for t, _ in used], [m for _, m in used], origin, sync_s)
 
 
 def identical_draft(
@@ -184,11 +186,14 @@ def contending_replicas(tables: ScenarioTables, offers: Iterable[Replicas], keep
 
 
 def _draft(
-    tables: ScenarioTables, templates: list[PipelineTemplate], counts: list[int], origin: str
+    tables: ScenarioTables, templates: list[PipelineTemplate], counts: list[int], origin: str,
+    known_sync_s: float | None = None,
 ) -> Draft:
     distinct = {id(t) for t in templates}
     one = templates[0]
-    if len(distinct) > 1:
+    if known_sync_s is not None:
+        sync = known_sync_s
+    elif len(distinct) > 1:
         sync = rough_sync_s(tables, templates)
     elif _inside_one_node(tables, one, len(templates)):
         sync = inside_sync_s(tables, one, len(templates))

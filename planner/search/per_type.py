@@ -28,7 +28,7 @@ import functools
 import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -41,7 +41,7 @@ from planner.search.templates import (
     stages_per_node,
 )
 
-__all__ = ["ClassOption", "class_options", "per_type_choices"]
+__all__ = ["ClassOption", "PerTypeSet", "class_options", "per_type_choices"]
 
 NUM_THRESHOLDS = 16
 """Thresholds swept (quantiles of the options' heaviest stages, all of them when fewer)."""
@@ -101,9 +101,17 @@ def fewest_sharing(ctx: TemplateContext, template: PipelineTemplate, most: int) 
     return most
 
 
+class PerTypeSet(NamedTuple):
+    """At most one option per class, and the sync the choice estimated for it (with copies
+    that fit a node each placed node-aligned, which a draft's rough sync does not see)."""
+
+    picks: tuple[ClassOption, ...]
+    sync_s: float
+
+
 def per_type_choices(
     tables: ScenarioTables, options: Sequence[Sequence[ClassOption]]
-) -> Iterator[tuple[ClassOption, ...]]:
+) -> Iterator[PerTypeSet]:
     """Sets of at most one option per class worth judging, each once."""
     batch = tables.scenario.job.global_batch_size
     groups = [_ClassArrays(tables, group) for group in options if group]
@@ -122,7 +130,7 @@ def per_type_choices(
     for chosen in found.values():
         picks = tuple(g.options[i] for g, i in zip(groups, chosen, strict=True) if i >= 0)
         if picks and sum(o.copies for o in picks) >= max(o.min_pipelines for o in picks):
-            yield picks
+            yield PerTypeSet(picks=picks, sync_s=float(ring.sync_s(groups, chosen)[0]))
 
 
 Choice = tuple[int, ...]
