@@ -83,14 +83,15 @@ def _serve(requests: Connection, search: Search, max_memory_bytes: int | None,
         resource.setrlimit(resource.RLIMIT_AS, (max_memory_bytes, max_memory_bytes))
     if niceness:  # the server's probes and reads come first when CPUs are short
         os.nice(niceness)
+
+    def report(fraction: float, message: str) -> None:
+        requests.send(("progress", fraction, message))
+
     while True:
         try:
             scenario, options = requests.recv()
         except EOFError:
             return
-        def report(fraction: float, message: str) -> None:
-            requests.send(("progress", fraction, message))
-
         try:
             requests.send(("ok", search(scenario, options, report)))
         except MemoryError:

@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from planner.costs import zone_link
+from planner.search.partition import fixed_partition
 from planner.search.tables import ResourceClass, ScenarioTables
 from planner.search.templates import (
     PipelineTemplate,
@@ -86,17 +87,14 @@ def fewest_sharing(ctx: TemplateContext, template: PipelineTemplate, most: int) 
     """The fewest pipelines (at most `most`, for which the split was sized) whose ZeRO
     sharding lets every stage of `template` fit, by section 4's memory: a split sized for
     eight pipelines often fits among two or three, and a set of fewer was refused it."""
-    tables = ctx.tables
-    bounds, depth, b = template.partition.bounds, template.num_stages, template.micro_batch
-    stages = []
-    for s, shape in enumerate(template.stages):
-        point = tables.points[(shape.gpu_type, b, shape.tp)]
-        acts = float(point.activation_bytes[bounds[s + 1]] - point.activation_bytes[bounds[s]])
-        stages.append((bounds[s], bounds[s + 1], shape.tp,
-                       acts * ctx.in_flight(b, depth - s), tables.capacity_bytes[shape.gpu_type]))
+    depth, b = template.num_stages, template.micro_batch
+    # Links only price transfers, not memory: none given.
+    specs = [ctx.stage_spec(shape, b, depth - s, None)
+             for s, shape in enumerate(template.stages)][::-1]
+    bounds = list(template.partition.bounds)
     for n in range(1, most):
-        if all(tables.state_bytes(start, end, tp, n) + acts <= capacity
-               for start, end, tp, acts, capacity in stages):
+        if fixed_partition(ctx.tables, specs, bounds, blocking=False,
+                           num_pipelines=n) is not None:
             return n
     return most
 
