@@ -38,7 +38,7 @@ from api.errors import (
 from planner.errors import SolverTimeout
 from planner.search.api import ProgressCallback
 
-__all__ = ["ProcessSolver", "deadline_s", "start_search_server"]
+__all__ = ["ProcessSolver", "deadline_s", "start_search_server", "untimed_s"]
 
 _CONTEXT = multiprocessing.get_context("forkserver")
 _CONTEXT.set_forkserver_preload(["planner"])
@@ -51,22 +51,28 @@ def start_search_server() -> None:
     forkserver.ensure_running()
 
 
-UNTIMED_S_PER_GPU = 0.001
-UNTIMED_S_PER_LAYER_PAIR = 8e-5
+UNTIMED_S_PER_GPU = 3e-4
+UNTIMED_S_PER_LAYER_PAIR = 2.5e-5
 """What the search's steps that no time limit governs (cost tables, templates, baselines,
-grids) may take, per GPU and per layer squared (the layer partition's matrices): about
-three times what they took on 2 vCPUs, 0.6 s + 0.3 ms per GPU + 2.5e-5 s per layer squared
-(80-16,400 GPUs, 130-514 layers, BENCHMARKS 3). Given 0.5 s for 4,096 GPUs a search took
-3 s, and was killed at 2.75 s before they counted."""
+grids) took on 2 vCPUs beyond about 0.6 s, per GPU and per layer squared (the layer
+partition's matrices): 80-16,400 GPUs, 130-514 layers, BENCHMARKS 3."""
+UNTIMED_MARGIN = 3.3
+"""The hard deadline allows those steps this many times what they took: given 0.5 s for
+4,096 GPUs a search took 3 s, and was killed at 2.75 s before they counted."""
+
+
+def untimed_s(scenario: planner.Scenario) -> float:
+    """About how long the search's untimed steps take on a scenario of this size, beyond
+    the start every search pays."""
+    gpus = sum(node.gpus for node in scenario.cluster.nodes)
+    layers = len(scenario.model.layers)
+    return UNTIMED_S_PER_GPU * gpus + UNTIMED_S_PER_LAYER_PAIR * layers * layers
 
 
 def deadline_s(time_limit_s: float, scenario: planner.Scenario) -> float:
     """When a search is killed: half its time limit again, plus 2 s for start and answer,
-    plus what its untimed steps may take on a scenario of this size."""
-    gpus = sum(node.gpus for node in scenario.cluster.nodes)
-    layers = len(scenario.model.layers)
-    return (1.5 * time_limit_s + 2.0 + UNTIMED_S_PER_GPU * gpus
-            + UNTIMED_S_PER_LAYER_PAIR * layers * layers)
+    plus a margin over what its untimed steps take on a scenario of this size."""
+    return 1.5 * time_limit_s + 2.0 + UNTIMED_MARGIN * untimed_s(scenario)
 
 
 Search = Callable[[planner.Scenario, planner.SearchOptions, ProgressCallback | None],

@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.convertors import Convertor, register_url_convertor
 
+import planner
 from api import schemas
 from api.admission import InlineSolves
 from api.cache import LruCache
@@ -26,10 +27,11 @@ from api.deps import (
 from api.errors import ErrorResponses, ExportUnavailable, InvalidRequest
 from api.examples import openapi_examples
 from api.job_requests import job_request
+from api.jobs import JobQueue
 from api.routing import CheckedRoute
 from api.services import planning
 from api.services.scenarios import Assembled, assemble
-from api.storage import JobKind, Store
+from api.storage import JobKind, PlanRecord, Store
 
 router = APIRouter(prefix="/v1/plans", tags=["plans"], responses=ErrorResponses.common,
                    route_class=CheckedRoute)
@@ -70,8 +72,10 @@ async def create(body: Annotated[schemas.PlanRequest, Body(openapi_examples=open
     """Searches whose time limit is at most the server's `sync_solve_threshold_s` are
     answered inline; longer ones (or `?job=true`) become a job. A goal in money
     (`objective` cost, a budget or a floor) plans sub-fleets in turn: its time limit
-    counts once per sub-fleet. Time limits above the
-    server's `max_time_limit_s` are capped (`options.time_limit_s` in the answer).
+    counts once per sub-fleet. A scenario so large that the steps no time limit governs
+    would alone take longer than that threshold is a job too (see `time_limit_s`). Time
+    limits above the server's `max_time_limit_s` are capped (`options.time_limit_s` in the
+    answer).
     Beyond `max_inline_solves` running inline searches the answer is 503 with
     `Retry-After`; beyond `max_plan_layers` or `max_plan_gpus`, 422 `scenario_too_large`."""
     options = planning.plan_options(body.options, settings)
@@ -82,21 +86,36 @@ async def create(body: Annotated[schemas.PlanRequest, Body(openapi_examples=open
         planning.check_size(found.scenario, settings)
         return found
 
-    budget_s = options.time_limit_s
+    runs = 1
     if planning.has_goal(options):  # its sub-fleets are counted on the scenario
-        budget_s = await run_in_threadpool(
-            lambda: planning.search_budget_s(assembled().scenario, options))
-    if job or not planning.answers_inline(budget_s, settings):
-        record = await run_in_threadpool(lambda: runner.submit(
-            JobKind.PLAN, job_request(assembled(), options)))
-        public = schemas.JobPublic.model_validate(record, from_attributes=True)
-        return JSONResponse(public.model_dump(mode="json"), status_code=202,
-                            headers={"Location": f"/v1/jobs/{record.id}"})
+        runs = await run_in_threadpool(lambda: planning.search_runs(assembled().scenario, options))
+    if job or not planning.answers_inline(options.time_limit_s * runs, settings):
+        return await run_in_threadpool(lambda: _job_answer(runner, assembled(), options))
     inline: InlineSolves = request.app.state.inline_solves
-    plan = await inline.run(lambda: planning.solve_and_store(
-        assembled(), options, solver=solver, store=store, observe=metrics.observe_solve))
+
+    def solved_or_queued() -> PlanRecord | JSONResponse:
+        """The plan, or a job where the scenario's untimed steps alone are too long to wait
+        for (known only once it is assembled: a full server refuses before that)."""
+        found = assembled()
+        if planning.untimed_past_threshold(found.scenario, runs, settings):
+            return _job_answer(runner, found, options)
+        return planning.solve_and_store(found, options, solver=solver, store=store,
+                                        observe=metrics.observe_solve)
+
+    plan = await inline.run(solved_or_queued)
+    if isinstance(plan, JSONResponse):
+        return plan
     response.headers["Location"] = f"/v1/plans/{plan.id}"
     return planning.plan_public(plan)
+
+
+def _job_answer(runner: JobQueue, found: Assembled, options: planner.SearchOptions
+                ) -> JSONResponse:
+    """202 with the job that will search `found`."""
+    record = runner.submit(JobKind.PLAN, job_request(found, options))
+    public = schemas.JobPublic.model_validate(record, from_attributes=True)
+    return JSONResponse(public.model_dump(mode="json"), status_code=202,
+                        headers={"Location": f"/v1/jobs/{record.id}"})
 
 
 @router.get("", response_model=schemas.Page[schemas.PlanSummary], operation_id="list_plans",

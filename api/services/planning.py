@@ -14,6 +14,7 @@ from api import schemas
 from api.errors import ApiError, ScenarioTooLarge, json_safe
 from api.services.scenarios import Assembled
 from api.settings import Settings
+from api.solving import untimed_s
 from api.storage import PlanRecord, Store
 from planner.documents import Schedule, dump_document
 from planner.errors import Problem
@@ -28,7 +29,8 @@ __all__ = [
     "plan_options",
     "has_goal",
     "answers_inline",
-    "search_budget_s",
+    "search_runs",
+    "untimed_past_threshold",
     "check_size",
     "solve_and_store",
     "store_result",
@@ -84,16 +86,25 @@ def has_goal(options: planner.SearchOptions) -> bool:
 
 
 def answers_inline(budget_s: float, settings: Settings) -> bool:
-    """Whether a search that may run `budget_s` is answered inline (201), not as a job."""
+    """Whether a search whose time-limited steps may run `budget_s` is answered inline
+    (201), not as a job (see also `untimed_past_threshold`)."""
     return budget_s <= settings.sync_solve_threshold_s
 
 
-def search_budget_s(scenario: planner.Scenario, options: planner.SearchOptions) -> float:
-    """The longest the search may run: the time limit, once per sub-fleet under a goal in
-    money (whose answer plans them in turn)."""
+def search_runs(scenario: planner.Scenario, options: planner.SearchOptions) -> int:
+    """Searches the request runs: one per sub-fleet under a goal in money (whose answer
+    plans them in turn), else one."""
     if isinstance(options, ObjectiveOptions):
-        return options.time_limit_s * len(sub_fleets(scenario, options.max_fleets))
-    return options.time_limit_s
+        return len(sub_fleets(scenario, options.max_fleets))
+    return 1
+
+
+def untimed_past_threshold(scenario: planner.Scenario, runs: int, settings: Settings) -> bool:
+    """Whether the steps of `runs` searches that no time limit governs (templates and
+    baselines, which grow with GPUs and with layers squared) would alone hold an inline
+    answer past the server's threshold: such a request becomes a job whatever its time
+    limit (a 1,024-layer model takes tens of seconds)."""
+    return runs * untimed_s(scenario) > settings.sync_solve_threshold_s
 
 
 def check_size(scenario: planner.Scenario, settings: Settings) -> None:

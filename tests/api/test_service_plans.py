@@ -131,6 +131,25 @@ def test_long_plan_becomes_a_job_with_progress_and_a_stored_plan(
     assert plan["plan"]["pipelines"] == plan_document["pipelines"]
 
 
+def test_plan_of_a_model_whose_untimed_steps_outlast_the_threshold_becomes_a_job(
+        make_client: MakeClient, scenario: dict[str, Any],
+        plan_document: dict[str, Any]) -> None:
+    """Templates and baselines run whatever the time limit, and grow with layers squared:
+    a 700-layer model's search takes seconds beyond its 1 s limit, too long to hold the
+    request open for, though the limit alone is inline."""
+    client = make_client(solver=fixed_solver(plan_document), sync_solve_threshold_s=5)
+    layers = scenario["model"]["layers"]
+    deep = dict(scenario, model=dict(scenario["model"],
+                                     layers=[layers[0]] + [layers[1]] * 698 + [layers[-1]]))
+    response = client.post("/v1/plans", json={"scenario": deep, "options": {"time_limit_s": 1}})
+    assert response.status_code == 202, response.text
+    assert response.headers["location"] == f"/v1/jobs/{response.json()['id']}"
+    wait_job(client, response.json()["id"])
+    shallow = client.post("/v1/plans", json={"scenario": scenario,
+                                             "options": {"time_limit_s": 1}})
+    assert shallow.status_code == 201, shallow.text
+
+
 def test_job_query_forces_a_job(make_client: MakeClient, scenario: dict[str, Any],
                                 plan_document: dict[str, Any]) -> None:
     client = make_client(solver=fixed_solver(plan_document))

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 import planner
 from api.errors import SearchCrashed, error_body, error_status
-from api.solving import ProcessSolver, deadline_s
+from api.solving import ProcessSolver, deadline_s, untimed_s
 from planner.errors import InvalidScenario, Problem, SolverTimeout
 from tests.api.conftest import DATA, MakeClient
 
@@ -119,11 +119,12 @@ def test_hard_deadline_is_half_the_time_limit_again_plus_two_seconds_plus_the_un
         scenario: planner.Scenario) -> None:
     layers = len(scenario.model.layers)
     gpus = sum(node.gpus for node in scenario.cluster.nodes)
-    assert deadline_s(10.0, scenario) == pytest.approx(17.0 + 0.001 * gpus + 8e-5 * layers**2)
+    assert untimed_s(scenario) == pytest.approx(3e-4 * gpus + 2.5e-5 * layers**2)
+    assert deadline_s(10.0, scenario) == pytest.approx(17.0 + 3.3 * untimed_s(scenario))
     # Every step of a search that no time limit governs grows with the fleet: so does the
-    # deadline, by a millisecond per GPU.
+    # deadline, by about a millisecond per GPU.
     assert deadline_s(10.0, scaled(100)) == pytest.approx(
-        deadline_s(10.0, scenario) + 0.001 * 99 * gpus)
+        deadline_s(10.0, scenario) + 3.3 * 3e-4 * 99 * gpus)
 
 
 def sleeps_three_seconds(scenario: planner.Scenario, options: planner.SearchOptions,
