@@ -451,19 +451,23 @@ def extract_light_together(
                 rows.append((i, depth))
     if not rows:
         return found
+    # Deepest first: the rows still going at step k are then a prefix, sliced, not gathered.
+    rows.sort(key=lambda row: -row[1])
     num_layers = sweeps[0].tables.num_layers
     size = num_layers + 1
     owner = np.array([i for i, _ in rows])
-    row_depth = np.array([d for _, d in rows])
+    row_depth = [d for _, d in rows]
     limits = np.array([sweeps[i].depth_bottleneck(d) for i, d in rows])[:, None, None] * (
         1 + 1e-12)
     starts = np.arange(size)
     heaviest = np.full((len(rows), 2 * size), INF)
     heaviest[:, num_layers] = 0.0
-    choices: list[np.ndarray] = []
-    for k in range(1, int(row_depth.max()) + 1):
-        going = np.flatnonzero(row_depth >= k)  # rows whose pipelines still have a k-th stage
-        used = sorted(set(owner[going].tolist()))
+    choices: list[np.ndarray] = []  # per step k: each going row's end for every start
+    going = len(rows)
+    for k in range(1, row_depth[0] + 1):
+        while row_depth[going - 1] < k:
+            going -= 1
+        used = sorted(set(owner[:going].tolist()))
         spec = sweeps[used[0]].specs[k - 1]
         if any(sweeps[i].specs[k - 1].point is not spec.point
                or sweeps[i].specs[k - 1].in_flight != spec.in_flight for i in used):
@@ -475,21 +479,21 @@ def extract_light_together(
         ends, weight, fits = sweeps[used[0]]._band(spec, top)
         width = ends.shape[1]
         which, distinct = _distinct([sweeps[i].cost_matrices[k - 1] for i in used])
-        slot = which[np.searchsorted(np.array(used), owner[going])]
+        slot = which[np.searchsorted(np.array(used), owner[:going])]
         # Ranges that do not fit weigh infinity; then ranges over a row's bottleneck do.
-        total = np.maximum(np.where(fits, weight, INF)[None], heaviest[going][:, ends])
-        np.copyto(total, INF, where=~(_gathered(distinct, slot, top, width) <= limits[going]))
+        total = heaviest[:going, ends]
+        np.maximum(total, np.where(fits, weight, INF), out=total)
+        np.copyto(total, INF, where=~(_gathered(distinct, slot, top, width) <= limits[:going]))
         pick = total.argmin(axis=2)
-        best = _picked(total, pick)
-        heaviest[going, :top] = best
-        heaviest[going, top:size] = INF
-        step = np.zeros((len(rows), size), dtype=np.intp)
-        step[going, :top] = starts[None, :top] + pick + 1
-        choices.append(step)
-        for r in np.flatnonzero(row_depth == k).tolist():
+        heaviest[:going, :top] = _picked(total, pick)
+        heaviest[:going, top:size] = INF
+        choices.append(starts[None, :top] + pick + 1)
+        r = going - 1
+        while r >= 0 and row_depth[r] == k:
             i = int(owner[r])
             found[i][k] = sweeps[i]._walk(k, [c[r] for c in choices]) if np.isfinite(
                 heaviest[r, 0]) else sweeps[i].extract(k)
+            r -= 1
     return found
 
 
