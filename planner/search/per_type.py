@@ -136,24 +136,45 @@ Choice = tuple[int, ...]
 
 
 class _ClassArrays:
-    """One class's options as arrays."""
+    """One class's options as arrays. An option whose copies' stages tile the class's nodes
+    side by side (`_side_by_side`), but whose copies do not all fit in one node, has two
+    rows: placed a copy at a time (transfers as its split priced them, rings between nodes)
+    and stage-major (every ring inside a node, transfers between nodes wherever consecutive
+    stages sit on two). No placement gives both."""
 
     def __init__(self, tables: ScenarioTables, group: Sequence[ClassOption]) -> None:
-        self.options = list(group)
-        self.key = group[0].template.stages[0].resource
-        t = [o.template for o in group]
-        self.copies = np.array([o.copies for o in group], dtype=float)
-        self.min_pipelines = np.array([o.min_pipelines for o in group], dtype=float)
+        key = group[0].template.stages[0].resource
+        node_gpus, node_nics = _class_nodes(tables, key)
+        largest = max(node_gpus)
+        tp = np.array([max(s.tp for s in o.template.stages) for o in group], dtype=float)
+        copies = np.array([o.copies for o in group], dtype=float)
+        whole = copies * np.array([o.template.num_gpus for o in group]) <= largest
+        stage_major = np.array([_side_by_side(node_gpus, o) for o in group]) & ~whole
+        # Rows: every option as placed a copy at a time, then the stage-major ones.
+        rows = np.concatenate((np.arange(len(group)), np.flatnonzero(stage_major)))
+        self.options = [group[k] for k in rows.tolist()]
+        self.key = key
+        t = [o.template for o in self.options]
+        self.copies = copies[rows]
+        self.min_pipelines = np.array([o.min_pipelines for o in self.options], dtype=float)
         # Samples per micro-batch slot of all copies.
         self.samples = self.copies * np.array([x.micro_batch for x in t], dtype=float)
-        node_gpus, node_nics = _class_nodes(tables, self.key)
         # Copies that each fit in a node are placed one node at a time (node-aligned, as
         # `assemble.place` places them): none straddles two nodes, and the GPUs they leave
         # idle spread over the nodes, whose shared interfaces then serve fewer rings.
-        self.share, self.aligned = _aligned_shares(node_gpus, node_nics, group)
-        straddle = np.where(self.aligned, 0.0, _straddle_s(tables, group))
+        share, aligned = _aligned_shares(node_gpus, node_nics, group)
+        apart = np.arange(len(group), len(rows))
+        self.stage_major = np.zeros(len(rows), dtype=bool)
+        self.stage_major[apart] = True
+        self.share = share[rows]
+        self.aligned = aligned[rows] & ~self.stage_major
+        straddle = np.where(aligned, 0.0, _straddle_s(tables, group))[rows]
+        straddle[apart] = 0.0
         self.fill = np.array([x.fill_s for x in t]) + straddle
         self.bottleneck = np.array([x.bottleneck_s for x in t]) + straddle
+        fill_added, bottleneck = _stage_major_s(tables, [group[k] for k in rows[apart]])
+        self.fill[apart] += fill_added
+        self.bottleneck[apart] = bottleneck
         self.cap = np.array([x.max_micro_batches or 10**9 for x in t], dtype=float)
         # Per stage, parameters per GPU and layers: the sync ring's bytes and latency steps.
         # Shallower pipelines are padded with empty stages at tp 1 (no bytes, no layers).
@@ -162,7 +183,10 @@ class _ClassArrays:
                            for x in t])
         tps = np.array([[s.tp for s in x.stages] + [1] * (depth - x.num_stages) for x in t],
                        dtype=float)
-        self.tp = tps.max(axis=1)
+        # Alone, a class's rings stay inside a node where its copies are placed stage-major
+        # (their stage side by side) or where the whole set fits in one node.
+        self.ring_tp = np.where(whole[rows], tp[rows], np.inf)
+        self.ring_tp[apart] = tp[rows[apart]]
         self.stage_params = (tables.params[bounds[:, 1:]] - tables.params[bounds[:, :-1]]) / tps
         self.stage_layers = (bounds[:, 1:] - bounds[:, :-1]).astype(float)
         self.heaviest = self.stage_params.max(axis=1)
@@ -250,6 +274,52 @@ def _straddle_s(tables: ScenarioTables, group: Sequence[ClassOption]) -> np.ndar
         worst = float((aligned + per_crossing * beside).max())
         added[k] = known[key] = max(0.0, worst - template.bottleneck_s)
     return added
+
+
+def _side_by_side(node_gpus: list[int], option: ClassOption) -> bool:
+    """Whether stage-major placement keeps every stage's copies in one node: each stage's
+    copies (copies x tp GPUs, stage after stage from a node's first GPU) divide every node
+    of the class, all alike, and there are slots for every stage."""
+    width = option.copies * max(s.tp for s in option.template.stages)
+    return (option.copies > 1 and len(set(node_gpus)) == 1 and node_gpus[0] % width == 0
+            and sum(node_gpus) // width >= option.template.num_stages)
+
+
+def _stage_major_s(tables: ScenarioTables, group: Sequence[ClassOption]
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """Per option of one class placed stage-major (`_side_by_side`: each stage's copies on
+    one node, as many stages to a node as fit): what its fill gains, and its heaviest
+    stage's time per micro-batch, with each transfer over the link its placement gives
+    rather than the one its split priced. A blocking transfer occupies both its stages,
+    forward and backward; one that does not block delays the fill alone."""
+    fill_added = np.zeros(len(group))
+    bottleneck = np.array([o.template.bottleneck_s for o in group])
+    if not group:
+        return fill_added, bottleneck
+    ctx = TemplateContext(tables, tables.scenario.job.schedule)
+    key = group[0].template.stages[0].resource
+    node = _class_nodes(tables, key)[0][0]
+    links = (ctx.link(key, key, same_node=True), ctx.link(key, key, same_node=False))
+    for k, option in enumerate(group):
+        template = option.template
+        bounds, b = template.partition.bounds, template.micro_batch
+        per_node = node // (option.copies * max(s.tp for s in template.stages))
+        delta = np.array([links[(s + 1) % per_node == 0].latency_s
+                          + tables.output_at[end - 1] * b / links[(s + 1) % per_node == 0].bytes_per_s
+                          - priced
+                          for s, (end, priced) in enumerate(zip(bounds[1:-1], template.transfer_s,
+                                                                strict=True))])
+        if not delta.size:
+            continue
+        if ctx.blocking:
+            stage_s = np.array(template.partition.stage_s)
+            stage_s[:-1] += 2 * delta
+            stage_s[1:] += 2 * delta
+            bottleneck[k] = float(stage_s.max())
+            fill_added[k] = 4 * float(delta.sum())
+        else:
+            fill_added[k] = 2 * float(delta.sum())
+    return fill_added, bottleneck
 
 
 def _covered(groups: Sequence[_ClassArrays], choice: Choice, target: np.ndarray) -> np.ndarray:
@@ -363,13 +433,13 @@ class _Ring:
                 i = choice[k]
                 return self._worst(fixed, np.array([fixed_n]), [],
                                    (g.stage_params[i:i + 1], g.stage_layers[i:i + 1]),
-                                   shares, g.tp[i:i + 1])
+                                   shares, g.ring_tp[i:i + 1])
             return np.array([self._worst(fixed, np.array([fixed_n]), fixed_rows, None,
                                          shares)[0]])
         g = groups[moving]
         with_it = self._worst([*fixed, moving], fixed_n + g.copies, fixed_rows,
                               (g.stage_params, g.stage_layers), {**shares, moving: g.share},
-                              g.tp if not fixed else None)
+                              g.ring_tp if not fixed else None)
         without = self.sync_s(groups, tuple(-1 if k == moving else i
                                             for k, i in enumerate(choice)))
         return np.concatenate((with_it, without))
@@ -386,7 +456,8 @@ class _Ring:
         bandwidth = np.broadcast_to(slowest, n.shape).astype(float)
         latency = np.full(len(n), most_latency)
         if len(used) == 1 and own_tp is not None:
-            # Replicas of one class that fit in one node keep every ring inside it.
+            # Replicas of one class whose stages fit side by side in a node, placed so,
+            # keep every ring inside it.
             (only,) = used
             fits = n * own_tp <= self.largest_node[only]
             bandwidth = np.where(fits, self.inside[only][0], bandwidth)
