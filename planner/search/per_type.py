@@ -125,10 +125,18 @@ def per_type_choices(
     for _, key in scored[:DESCENT_STARTS]:
         for step in _descent(groups, ring, sweep[key], batch):
             found.setdefault(step, step)
+    # Two rows of one option (a copy at a time, stage-major) give the same picks: each set
+    # once, as the row of least estimated time places it.
+    by_picks: dict[tuple[int, ...], list[Choice]] = {}
     for chosen in found.values():
         picks = tuple(g.options[i] for g, i in zip(groups, chosen, strict=True) if i >= 0)
         if picks and sum(o.copies for o in picks) >= max(o.min_pipelines for o in picks):
-            yield PerTypeSet(picks=picks, sync_s=float(ring.sync_s(groups, chosen)[0]))
+            by_picks.setdefault(tuple(id(o) for o in picks), []).append(chosen)
+    for alike in by_picks.values():
+        chosen = min(alike, key=lambda c: ring.iteration_s(groups, c, batch)) if len(
+            alike) > 1 else alike[0]
+        picks = tuple(g.options[i] for g, i in zip(groups, chosen, strict=True) if i >= 0)
+        yield PerTypeSet(picks=picks, sync_s=float(ring.sync_s(groups, chosen)[0]))
 
 
 Choice = tuple[int, ...]

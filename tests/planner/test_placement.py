@@ -140,3 +140,13 @@ def test_per_type_choice_times_stage_major_copies_as_so_placed(tables: ScenarioT
                 quick["pipeline-major placement"]), rel=2e-3)
             checked += 1
     assert checked > 5
+
+
+def test_per_type_choice_offers_each_set_once(tables: ScenarioTables) -> None:
+    """Two rows of one option (a copy at a time, stage-major) pick the same pipelines: a set
+    reached through both is drafted once (here one was offered twice, taking two of the
+    places that judging gives the baseline's best candidates)."""
+    ctx = TemplateContext(tables, tables.scenario.job.schedule)
+    options = [per_type.class_options(ctx, cls) for cls in tables.classes]
+    sets = list(per_type.per_type_choices(tables, options))
+    assert len({tuple(id(o) for o in s.picks) for s in sets}) == len(sets) > 5
