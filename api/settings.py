@@ -52,7 +52,8 @@ class Settings(BaseSettings):
     max_time_limit_s: float = Field(default=300.0, gt=0)
     """Cap on any requested solver time limit (requests above it are capped, not refused)."""
     sync_solve_threshold_s: float = Field(default=5.0, ge=0)
-    """Plan requests whose time limit is at most this are solved inline (201); longer ones
+    """Plan requests whose time limit is at most this are solved inline (201); longer ones,
+    and those whose scenario's untimed steps (templates, baselines) alone would take longer,
     become jobs (202) to poll."""
     solver_workers: int = Field(default_factory=lambda: min(_usable_cores(), 64), ge=1, le=64)
     """Jobs a worker process runs at once (each search in its own search process); the
