@@ -312,13 +312,14 @@ def _stage_major_s(tables: ScenarioTables, group: Sequence[ClassOption]
         template = option.template
         bounds, b = template.partition.bounds, template.micro_batch
         per_node = node // (option.copies * max(s.tp for s in template.stages))
-        delta = np.array([links[(s + 1) % per_node == 0].latency_s
-                          + tables.output_at[end - 1] * b / links[(s + 1) % per_node == 0].bytes_per_s
-                          - priced
-                          for s, (end, priced) in enumerate(zip(bounds[1:-1], template.transfer_s,
-                                                                strict=True))])
-        if not delta.size:
+        placed = []
+        for s, (end, priced) in enumerate(zip(bounds[1:-1], template.transfer_s, strict=True)):
+            link = links[(s + 1) % per_node == 0]  # a node holds `per_node` stages
+            placed.append(link.latency_s + tables.output_at[end - 1] * b / link.bytes_per_s
+                          - priced)
+        if not placed:
             continue
+        delta = np.array(placed)
         if ctx.blocking:
             stage_s = np.array(template.partition.stage_s)
             stage_s[:-1] += 2 * delta
