@@ -18,8 +18,10 @@ judging:
 2. From each of those sets, coordinate descent: one class at a time moves to
    the option (or none) of least estimated iteration time (that least time
    plus the sync ring's estimate), until no class moves.
-Options are timed as their copies will be placed, node after node: at the worst
-start in a node any of them gets (`_straddle_s`).
+Options are timed as their copies will be placed: node after node, at the worst
+start in a node any of them gets (`_straddle_s`); a node each, where each fits one
+(`_aligned_shares`); and, where their stages tile a node side by side, also
+stage-major, rings inside nodes and transfers between them (`_stage_major_s`).
 """
 
 from __future__ import annotations
