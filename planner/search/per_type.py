@@ -156,7 +156,6 @@ class _ClassArrays:
         key = group[0].template.stages[0].resource
         node_gpus, node_nics = _class_nodes(tables, key)
         largest = max(node_gpus)
-        tp = np.array([max(s.tp for s in o.template.stages) for o in group], dtype=float)
         copies = np.array([o.copies for o in group], dtype=float)
         whole = copies * np.array([o.template.num_gpus for o in group]) <= largest
         stage_major = np.array([_side_by_side(node_gpus, o) for o in group]) & ~whole
@@ -182,7 +181,8 @@ class _ClassArrays:
         straddle[apart] = 0.0
         self.fill = np.array([x.fill_s for x in t]) + straddle
         self.bottleneck = np.array([x.bottleneck_s for x in t]) + straddle
-        fill_added, bottleneck = _stage_major_s(tables, [group[k] for k in rows[apart]])
+        fill_added, bottleneck = _stage_major_s(tables, [group[k] for k in rows[apart]],
+                                                node_gpus[0])
         self.fill[apart] += fill_added
         self.bottleneck[apart] = bottleneck
         self.cap = np.array([x.max_micro_batches or 10**9 for x in t], dtype=float)
@@ -194,9 +194,8 @@ class _ClassArrays:
         tps = np.array([[s.tp for s in x.stages] + [1] * (depth - x.num_stages) for x in t],
                        dtype=float)
         # Alone, a class's rings stay inside a node where its copies are placed stage-major
-        # (their stage side by side) or where the whole set fits in one node.
-        self.ring_tp = np.where(whole[rows], tp[rows], np.inf)
-        self.ring_tp[apart] = tp[rows[apart]]
+        # (their stages side by side) or where the whole set fits in one node.
+        self.rings_inside = whole[rows] | self.stage_major
         self.stage_params = (tables.params[bounds[:, 1:]] - tables.params[bounds[:, :-1]]) / tps
         self.stage_layers = (bounds[:, 1:] - bounds[:, :-1]).astype(float)
         self.heaviest = self.stage_params.max(axis=1)
@@ -295,10 +294,11 @@ def _side_by_side(node_gpus: list[int], option: ClassOption) -> bool:
             and sum(node_gpus) // width >= option.template.num_stages)
 
 
-def _stage_major_s(tables: ScenarioTables, group: Sequence[ClassOption]
+def _stage_major_s(tables: ScenarioTables, group: Sequence[ClassOption], node: int
                    ) -> tuple[np.ndarray, np.ndarray]:
-    """Per option of one class placed stage-major (`_side_by_side`: each stage's copies on
-    one node, as many stages to a node as fit): what its fill gains, and its heaviest
+    """Per option of one class placed stage-major on its nodes of `node` GPUs
+    (`_side_by_side`: each stage's copies on one node, as many stages to a node as fit):
+    what its fill gains, and its heaviest
     stage's time per micro-batch, with each transfer over the link its placement gives
     rather than the one its split priced. A blocking transfer occupies both its stages,
     forward and backward; one that does not block delays the fill alone."""
@@ -308,7 +308,6 @@ def _stage_major_s(tables: ScenarioTables, group: Sequence[ClassOption]
         return fill_added, bottleneck
     ctx = TemplateContext(tables, tables.scenario.job.schedule)
     key = group[0].template.stages[0].resource
-    node = _class_nodes(tables, key)[0][0]
     links = (ctx.link(key, key, same_node=True), ctx.link(key, key, same_node=False))
     for k, option in enumerate(group):
         template = option.template
@@ -422,7 +421,6 @@ class _Ring:
         scenario = tables.scenario
         self.grad_bytes = scenario.job.grad_bytes
         by_key = {c.key: c for c in tables.classes}
-        self.largest_node = [by_key[g.key].largest_node for g in groups]
         self.inside = [(scenario.cluster.intra_node[g.key[0]].bandwidth_gb_per_s * 1e9,
                         scenario.cluster.intra_node[g.key[0]].latency_us * 1e-6) for g in groups]
         self.links: dict[tuple[int, int], tuple[float, float]] = {}
@@ -456,13 +454,13 @@ class _Ring:
                 i = choice[k]
                 return self._worst(fixed, np.array([fixed_n]), [],
                                    (g.stage_params[i:i + 1], g.stage_layers[i:i + 1]),
-                                   shares, g.ring_tp[i:i + 1])
+                                   shares, g.rings_inside[i:i + 1])
             return np.array([self._worst(fixed, np.array([fixed_n]), fixed_rows, None,
                                          shares)[0]])
         g = groups[moving]
         with_it = self._worst([*fixed, moving], fixed_n + g.copies, fixed_rows,
                               (g.stage_params, g.stage_layers), {**shares, moving: g.share},
-                              g.ring_tp if not fixed else None)
+                              g.rings_inside if not fixed else None)
         without = self.sync_s(groups, tuple(-1 if k == moving else i
                                             for k, i in enumerate(choice)))
         return np.concatenate((with_it, without))
@@ -470,7 +468,7 @@ class _Ring:
     def _worst(self, used: Sequence[int], n: np.ndarray,
                rows: Sequence[tuple[np.ndarray, np.ndarray]],
                own: tuple[np.ndarray, np.ndarray] | None, shares: dict[int, Any],
-               own_tp: np.ndarray | None = None) -> np.ndarray:
+               own_inside: np.ndarray | None = None) -> np.ndarray:
         """Largest stage sync time, per ring length in `n` (row j of `own`, and of an array
         in `shares`, goes with n[j])."""
         if not used:
@@ -478,13 +476,12 @@ class _Ring:
         slowest, most_latency = self.link(used, shares)
         bandwidth = np.broadcast_to(slowest, n.shape).astype(float)
         latency = np.full(len(n), most_latency)
-        if len(used) == 1 and own_tp is not None:
+        if len(used) == 1 and own_inside is not None:
             # Replicas of one class whose stages fit side by side in a node, placed so,
-            # keep every ring inside it.
+            # keep every ring inside it (`_ClassArrays.rings_inside`, row j with n[j]).
             (only,) = used
-            fits = n * own_tp <= self.largest_node[only]
-            bandwidth = np.where(fits, self.inside[only][0], bandwidth)
-            latency = np.where(fits, self.inside[only][1], latency)
+            bandwidth = np.where(own_inside, self.inside[only][0], bandwidth)
+            latency = np.where(own_inside, self.inside[only][1], latency)
         per_byte = np.where(n > 1, 2 * (n - 1) / np.maximum(n, 1), 0.0) * self.grad_bytes / bandwidth
         per_step = 2 * np.maximum(n - 1, 0) * latency
         worst = np.zeros(len(n))
