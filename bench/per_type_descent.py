@@ -9,6 +9,7 @@ a set that the estimator finds faster is kept, until a round moves nothing. A ba
 what this finds is one a careful per-type planner beats: "gain over per_type" overstates.
 
 Usage: python bench/per_type_descent.py [--count N] [--seed S] [--scale K] [--only I,J]
+                                        [--family generated|measured]
 Prints one row per perturbed input (`bench/perturbed.py`'s draws) and the inputs where the
 descent beats the baseline by more than 0.1%.
 """
@@ -21,7 +22,7 @@ import random
 import time
 
 import numpy as np
-from perturbed import perturbed, scaled
+from perturbed import FAMILIES, perturbed, scaled
 
 from planner import evaluate, parse_scenario
 from planner.documents import Scenario
@@ -101,17 +102,18 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--scale", type=int, default=1)
     parser.add_argument("--only", default=None, help="comma-separated input numbers")
+    parser.add_argument("--family", choices=FAMILIES, default="generated")
     args = parser.parse_args()
     only = None if args.only is None else {int(x) for x in args.only.split(",")}
     print(f"machine: {platform.machine()}, Python {platform.python_version()}, "
           f"{time.strftime('%Y-%m-%d %H:%M')}, seed {args.seed}, {args.count} inputs, "
-          f"scale {args.scale}\n")
+          f"scale {args.scale}, {args.family} family\n")
     print("| # | scenario | per_type baseline | descent | descent / baseline |")
     print("|---|---|---|---|---|")
     rng = random.Random(args.seed)
     above = []
     for index in range(args.count):
-        label, doc = perturbed(rng)
+        label, doc = perturbed(rng, args.family)
         if only is not None and index not in only:
             continue
         if args.scale > 1:

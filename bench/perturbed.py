@@ -1,13 +1,14 @@
-"""Plan quality off the shared set: the generated scenarios perturbed, as held-out inputs of
+"""Plan quality off the shared set: the shared scenarios perturbed, as held-out inputs of
 the same families would be.
 
-Each input is a shared generated scenario (tests/data/scenarios) changed at random, with a
-seed: each GPU type's node count scaled by 0.5-3 (at least one node), sometimes a type of
-three or more dropped, one network interface per node, the global batch halved or doubled,
-a third of the nodes moved to a second zone behind a slow link, ZeRO-1. No per-type
-reference exists for them, so hetplan is compared with its own `per_type` baseline (which
-reaches the shared per-type reference on every shared scenario, section 1) and with the
-best of its three baselines; the gap to the upper bound and the idle GPUs are shown too.
+Each input is a shared generated scenario (tests/data/scenarios; with --family measured,
+a measured one, bench/scenarios/measured) changed at random, with a seed: each GPU type's
+node count scaled by 0.5-3 (at least one node), sometimes a type of three or more dropped,
+one network interface per node, the global batch halved or doubled, a third of the nodes
+moved to a second zone behind a slow link, ZeRO-1. No per-type reference exists for them,
+so hetplan is compared with its own `per_type` baseline (which reaches the shared per-type
+reference on every shared scenario, section 1) and with the best of its three baselines;
+the gap to the upper bound and the idle GPUs are shown too.
 
 With --scale K every node is repeated K times and the batch multiplied by K (the same
 draws: input #i at scale K is K copies of input #i at scale 1), for held-out inputs of
@@ -15,6 +16,7 @@ hundreds of GPUs; the plan is then also compared with the scale-1 input's plan l
 times, the pod a careful engineer would plan once and repeat.
 
 Usage: python bench/perturbed.py [--count N] [--seed S] [--time-limit S] [--scale K]
+                                 [--family generated|measured]
 Prints a Markdown table and the geometric means for BENCHMARKS.md.
 """
 
@@ -28,19 +30,19 @@ import random
 import time
 from typing import Any
 
-from plan_quality import SETS, geomean  # the shared generated set, judged the same way
+from plan_quality import SETS, geomean  # the shared sets, judged the same way
 
 from planner import SearchOptions, evaluate, parse_plan, parse_scenario, plan
 from planner.documents import Plan, Scenario
 
-GENERATED = SETS["generated"]
+FAMILIES = ("generated", "measured")
 WAN_LINKS = [(1.25, 10_000.0), (3.0, 2_000.0), (10.0, 2_000.0)]
 """(GB/s, latency us) of the link to a second zone."""
 
 
-def perturbed(rng: random.Random) -> tuple[str, dict[str, Any]]:
-    """One perturbed scenario and a label saying what changed."""
-    path = rng.choice(GENERATED)
+def perturbed(rng: random.Random, family: str = "generated") -> tuple[str, dict[str, Any]]:
+    """One perturbed scenario of `family`'s shared set and a label saying what changed."""
+    path = rng.choice(SETS[family])
     doc = json.loads(path.read_text())
     cluster, job = doc["cluster"], doc["job"]
     changes = []
@@ -117,11 +119,13 @@ def main() -> None:
     parser.add_argument("--time-limit", type=float, default=10.0)
     parser.add_argument("--scale", type=int, default=1,
                         help="repeat every node this many times, the batch with them")
+    parser.add_argument("--family", choices=FAMILIES, default="generated",
+                        help="the shared set whose scenarios are perturbed")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     print(f"machine: {platform.machine()}, Python {platform.python_version()}, "
           f"date {time.strftime('%Y-%m-%d %H:%M')}, seed {args.seed}, {args.count} scenarios, "
-          f"scale {args.scale}\n")
+          f"scale {args.scale}, {args.family} family\n")
     tiles = args.scale > 1
     print("| # | scenario | GPUs | hetplan samples/s | per_type baseline | vs per_type | "
           "vs best baseline | " + ("scale-1 plan tiled | vs tiled | " if tiles else "")
@@ -129,7 +133,7 @@ def main() -> None:
     print("|---" * (12 if tiles else 10) + "|")
     vs_per_type, vs_best, vs_tiled = [], [], []
     for k in range(args.count):
-        label, small_doc = perturbed(rng)
+        label, small_doc = perturbed(rng, args.family)
         doc = scaled(small_doc, args.scale) if tiles else small_doc
         scenario = parse_scenario(doc)
         gpus = sum(n.gpus for n in scenario.cluster.nodes)
