@@ -1,0 +1,104 @@
+"""A harsher judge of the search on fleets built of repeated pods: the plan of one pod,
+laid down on every pod.
+
+A fleet whose nodes of each kind (GPU type, zone, GPUs, interfaces) come in counts that
+share a divisor k splits into k identical pods; with the batch split k ways too, the pod's
+own plan repeated k times is a valid plan of the whole fleet, and the one an engineer who
+plans a pod and repeats it would run. Here every such k is tried on each input: the pod
+(the first 1/k of each kind's nodes) is planned by the default search, its plan tiled over
+the k pods and judged on the whole fleet. A tiled plan faster than the search's own is a
+plan the search missed.
+
+Usage: python bench/pods.py [--sets measured,generated] [--time-limit S]
+Prints a Markdown table for BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from plan_quality import SETS
+
+from planner import SearchOptions, evaluate, parse_plan, parse_scenario, plan
+
+
+def node_kinds(doc: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """The scenario's nodes grouped by everything but their name."""
+    kinds: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for node in doc["cluster"]["nodes"]:
+        kinds[json.dumps({k: v for k, v in node.items() if k != "name"}, sort_keys=True)].append(node)
+    return kinds
+
+
+def pod_counts(doc: dict[str, Any]) -> list[int]:
+    """Every k > 1 that splits each kind of node and the batch k ways."""
+    shared = math.gcd(*(len(nodes) for nodes in node_kinds(doc).values()))
+    batch = doc["job"]["global_batch_size"]
+    return [k for k in range(2, shared + 1) if shared % k == 0 and batch % k == 0]
+
+
+def tiled_rate(doc: dict[str, Any], pods: int, time_limit_s: float) -> float:
+    """Samples/s on the whole fleet of one pod's plan laid down on each of `pods` pods."""
+    kinds = node_kinds(doc)
+    pod = json.loads(json.dumps(doc))
+    pod["cluster"]["nodes"] = [n for nodes in kinds.values() for n in nodes[:len(nodes) // pods]]
+    pod["job"]["global_batch_size"] //= pods
+    small = plan(parse_scenario(pod), SearchOptions(time_limit_s=time_limit_s)).plan
+    small_doc = small.model_dump(mode="json", exclude_none=True)
+    pipelines = []
+    for copy in range(pods):
+        # The pod's i-th node of a kind stands for the copy's i-th node of that kind.
+        name_of = {nodes[i]["name"]: nodes[copy * (len(nodes) // pods) + i]["name"]
+                   for nodes in kinds.values() for i in range(len(nodes) // pods)}
+        for pipeline in small_doc["pipelines"]:
+            laid = json.loads(json.dumps(pipeline))
+            for stage in laid["stages"]:
+                stage["gpus"] = [f"{name_of[g.split(':')[0]]}:{g.split(':')[1]}"
+                                 for g in stage["gpus"]]
+            pipelines.append(laid)
+    whole = {"format": small_doc["format"], "schedule": small_doc.get("schedule"),
+             "pipelines": pipelines}
+    return evaluate(parse_scenario(doc), parse_plan(whole)).samples_per_s or 0.0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sets", default="measured,generated")
+    parser.add_argument("--time-limit", type=float, default=10.0)
+    args = parser.parse_args()
+    print(f"machine: {platform.machine()}, Python {platform.python_version()}, "
+          f"date {time.strftime('%Y-%m-%d %H:%M')}\n")
+    print("| scenario | GPUs | hetplan samples/s | pods tried | best tiled pod plan | pods | "
+          "hetplan / best tiled |")
+    print("|---|---|---|---|---|---|---|")
+    missed = []
+    for name in args.sets.split(","):
+        for path in SETS[name]:
+            doc = json.loads(Path(path).read_text())
+            counts = pod_counts(doc)
+            scenario = parse_scenario(doc)
+            ours = plan(scenario, SearchOptions(time_limit_s=args.time_limit)
+                        ).evaluation.samples_per_s or 0.0
+            rates = {k: tiled_rate(doc, k, args.time_limit) for k in counts}
+            gpus = sum(n.gpus for n in scenario.cluster.nodes)
+            if not rates:
+                print(f"| {path.stem} | {gpus} | {ours:.2f} | none | | | |")
+                continue
+            pods = max(rates, key=lambda k: rates[k])
+            print(f"| {path.stem} | {gpus} | {ours:.2f} | {', '.join(map(str, counts))} | "
+                  f"{rates[pods]:.2f} | {pods} | {ours / rates[pods]:.3f}x |", flush=True)
+            if rates[pods] > ours * 1.0005:
+                missed.append(f"{path.stem} ({ours / rates[pods]:.3f}x)")
+    print(f"\n{len(missed)} inputs where a tiled pod plan beats the search: "
+          + (", ".join(missed) or "none"))
+
+
+if __name__ == "__main__":
+    main()
