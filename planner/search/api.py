@@ -35,6 +35,7 @@ from planner.search.baselines import as_per_type, launcher_baselines, per_type_c
 from planner.search.diagnose import infeasibility_reason, no_plan_reason
 from planner.search.drafts import Candidate
 from planner.search.exact import TooLargeForExact, check_size, exact_optimum
+from planner.search.exchange import exchanged_candidates
 from planner.search.grids import grid_candidates
 from planner.search.judging import (
     Judged,
@@ -286,6 +287,10 @@ def _searched(
         # Only plans whose pipelines share their blocks are valid: give them one split.
         candidates = common_blocks(tables, candidates, limit=LOCAL_FINALISTS * options.finalists)
         families = []
+    else:
+        # Judged beside the finalists, never in place of one: a quote that is merely
+        # optimistic must not push a better candidate out.
+        families.append(exchanged_candidates(tables, templates, candidates))
     # The allocation is proven only within its own model (templates, caps), never globally.
     status = PlanStatus.FEASIBLE if proven else PlanStatus.HEURISTIC
     report(0.8, f"judging {min(len(candidates), options.finalists)} finalists")

@@ -51,7 +51,7 @@ def per_type_candidates(tables: ScenarioTables) -> list[Candidate]:
 
 def as_per_type(homogeneous: Candidate) -> Candidate:
     return Candidate(build=homogeneous.build, quick_s=homogeneous.quick_s,
-                     known_depths=homogeneous.known_depths,
+                     known_depths=homogeneous.known_depths, pipelines=homogeneous.pipelines,
                      origin=homogeneous.origin.replace("homogeneous baseline",
                                                        "per-type baseline (one type)"))
 

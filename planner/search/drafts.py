@@ -63,6 +63,8 @@ class Candidate:
     placement_of: int | None = None
     """The serial of the draft it places, shared by that draft's placements (None: a plan
     of its own); unique within the process that placed it."""
+    pipelines: tuple[PipelineTemplate, ...] = ()
+    """The templates of the draft it places (empty: a plan of its own)."""
 
     @functools.cached_property
     def plan(self) -> Plan:
@@ -272,7 +274,7 @@ def realize(tables: ScenarioTables, chosen: Draft) -> list[Candidate]:
         out.append(Candidate(build=build, quick_s=quick,
                              known_depths=frozenset(t.num_stages for t in chosen.pipelines),
                              origin=f"{chosen.origin}, {kind}-major placement",
-                             placement_of=serial))
+                             placement_of=serial, pipelines=chosen.pipelines))
     return out
 
 
