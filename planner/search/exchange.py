@@ -5,8 +5,8 @@ The allocation's linear model sees no sync, so among sets it rates within a frac
 percent of each other, which it returns is chance; its caps and subsets bring sync in
 coarsely. A set the quick estimate ranks above every candidate can be one swap away from
 the best of them: on sailor-gptneo2.7-a40x32-v16x32, eight pipelines of a V100 tp4 stage in
-front of four A100 stages, each V100 stage made tp2 and the eight V100s this frees run as
-two more pipelines of their own, are 2.9% faster once judged. Here every distinct template
+front of four A100 stages, each V100 stage made tp2 and the sixteen V100s this frees run
+as two more pipelines of their own, are 2.9% faster once judged. Here every distinct template
 of the best few candidates is swapped, in all its copies, for each of the templates of the
 same micro-batch size and GPU classes whose GPUs are nearest its own (another split, other
 tp per stage, a stage more or less) that fits where it stood; the GPUs left free on a class
@@ -37,7 +37,7 @@ EXCHANGED_PLACED = 3
 FILLERS = 2
 """Homogeneous templates per class tried on the GPUs a swap leaves free."""
 
-Row = tuple[ClassKey, int]
+_Row = tuple[ClassKey, int]
 _Kind = tuple[int, frozenset[ClassKey]]
 _SetKey = frozenset[tuple[Any, int]]
 
@@ -136,14 +136,14 @@ def _set_key(pipelines: Sequence[PipelineTemplate]) -> _SetKey:
 
 
 def _usage(pipelines: Sequence[PipelineTemplate], levels: dict[ClassKey, tuple[int, ...]]
-           ) -> Counter[Row]:
-    used: Counter[Row] = Counter()
+           ) -> Counter[_Row]:
+    used: Counter[_Row] = Counter()
     for t in pipelines:
         used.update(t.usage(levels))
     return used
 
 
-def _fills(free: dict[Row, int], freed: set[ClassKey],
+def _fills(free: dict[_Row, int], freed: set[ClassKey],
            fillers: dict[ClassKey, list[PipelineTemplate]],
            levels: dict[ClassKey, tuple[int, ...]]) -> list[list[PipelineTemplate]]:
     """Nothing added, and for each class the swap `freed` GPUs of, the copies of its
