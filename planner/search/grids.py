@@ -159,11 +159,23 @@ def _best_tp(tables: ScenarioTables, templates: Sequence[PipelineTemplate]
 
 
 def _subsets(tables: ScenarioTables) -> list[tuple[ResourceClass, ...]]:
-    """All classes and, with three or more, all but each one."""
+    """All classes; with three or more, all but each one; with several zones, each zone's
+    alone and, with three or more, all zones' but each one's (a grid whose rings cross a
+    slow link between zones can lose to one that leaves a zone idle)."""
     classes = tables.classes
-    if len(classes) < 3:
-        return [classes]
-    return [classes] + [tuple(c for c in classes if c is not left) for left in classes]
+    subsets = [classes]
+    if len(classes) >= 3:
+        subsets += [tuple(c for c in classes if c is not left) for left in classes]
+    zones = sorted({c.zone or "" for c in classes})
+    if len(zones) >= 2:
+        kept = [{z} for z in zones] + ([set(zones) - {z} for z in zones] if len(zones) >= 3
+                                       else [])
+        subsets += [tuple(c for c in classes if (c.zone or "") in allowed) for allowed in kept]
+    unique: dict[tuple[tuple[str, str | None], ...], tuple[ResourceClass, ...]] = {}
+    for subset in subsets:
+        if subset:
+            unique.setdefault(tuple(c.key for c in subset), subset)
+    return list(unique.values())
 
 
 def _swept_within(ctx: TemplateContext, ranked: Iterator[_Grid], budget: float
