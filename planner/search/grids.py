@@ -159,13 +159,17 @@ def _best_tp(tables: ScenarioTables, templates: Sequence[PipelineTemplate]
 
 
 def _subsets(tables: ScenarioTables) -> list[tuple[ResourceClass, ...]]:
-    """All classes; with three or more, all but each one; with several zones, each zone's
-    alone and, with three or more, all zones' but each one's (a grid whose rings cross a
-    slow link between zones can lose to one that leaves a zone idle)."""
+    """All classes; with three or more, all but each one; with three or more GPU types, all
+    but each type's (a type spread over zones is several classes); with several zones, each
+    zone's alone and, with three or more, all zones' but each one's (a grid whose rings cross
+    a slow link between zones can lose to one that leaves a zone idle)."""
     classes = tables.classes
     subsets = [classes]
     if len(classes) >= 3:
         subsets += [tuple(c for c in classes if c is not left) for left in classes]
+    types = sorted({c.gpu_type for c in classes})
+    if len(types) >= 3:
+        subsets += [tuple(c for c in classes if c.gpu_type != left) for left in types]
     zones = sorted({c.zone or "" for c in classes})
     if len(zones) >= 2:
         kept = [{z} for z in zones] + ([set(zones) - {z} for z in zones] if len(zones) >= 3
