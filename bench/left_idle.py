@@ -23,10 +23,10 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from perturbed import perturbed
+from perturbed import laid_down, perturbed
 from plan_quality import SETS
 
-from planner import SearchOptions, evaluate, parse_plan, parse_scenario, plan
+from planner import SearchOptions, evaluate, parse_scenario, plan
 
 
 def parts(doc: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -53,10 +53,8 @@ def part_rate(doc: dict[str, Any], part: dict[str, Any], time_limit_s: float) ->
         found = plan(parse_scenario(part), SearchOptions(time_limit_s=time_limit_s)).plan
     except Exception:  # a part may hold no plan at all (too little memory): not a miss
         return 0.0
-    laid = found.model_dump(mode="json", exclude_none=True)
-    laid.pop("estimate", None)
-    laid.pop("search", None)
-    evaluation = evaluate(parse_scenario(doc), parse_plan(laid))
+    # The part's nodes keep their names on the whole fleet.
+    evaluation = evaluate(parse_scenario(doc), laid_down(found, 1, lambda node, _: node))
     return (evaluation.samples_per_s or 0.0) if evaluation.valid else 0.0
 
 

@@ -28,6 +28,7 @@ import math
 import platform
 import random
 import time
+from collections.abc import Callable
 from typing import Any
 
 from plan_quality import SETS, geomean  # the shared sets, judged the same way
@@ -88,8 +89,9 @@ def scaled(doc: dict[str, Any], copies: int) -> dict[str, Any]:
     return doc
 
 
-def tiled(small: Plan, copies: int) -> Plan:
-    """`small`'s pipelines laid down once on each copy of its nodes (as `scaled` names them)."""
+def laid_down(small: Plan, copies: int, node_of: Callable[[str, int], str]) -> Plan:
+    """`small`'s pipelines laid down once per copy, each GPU on node `node_of(node, copy)`
+    (its estimate and search sections dropped: they describe `small`)."""
     doc = small.model_dump(mode="json", exclude_none=True)
     doc.pop("estimate", None)
     doc.pop("search", None)
@@ -98,11 +100,16 @@ def tiled(small: Plan, copies: int) -> Plan:
         for pipeline in doc["pipelines"]:
             copy = json.loads(json.dumps(pipeline))
             for stage in copy["stages"]:
-                stage["gpus"] = [f"{gpu.split(':')[0]}-c{c}:{gpu.split(':')[1]}"
-                                 for gpu in stage["gpus"]]
+                stage["gpus"] = [f"{node_of(node, c)}:{index}"
+                                 for node, _, index in (g.rpartition(":") for g in stage["gpus"])]
             pipelines.append(copy)
     doc["pipelines"] = pipelines
     return parse_plan(doc)
+
+
+def tiled(small: Plan, copies: int) -> Plan:
+    """`small`'s pipelines laid down once on each copy of its nodes (as `scaled` names them)."""
+    return laid_down(small, copies, lambda node, c: f"{node}-c{c}")
 
 
 def tiled_rate(small_doc: dict[str, Any], scenario: Scenario, copies: int,

@@ -24,9 +24,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from perturbed import laid_down
 from plan_quality import SETS
 
-from planner import SearchOptions, evaluate, parse_plan, parse_scenario, plan
+from planner import SearchOptions, evaluate, parse_scenario, plan
 
 
 def node_kinds(doc: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
@@ -51,21 +52,13 @@ def tiled_rate(doc: dict[str, Any], pods: int, time_limit_s: float) -> float:
     pod["cluster"]["nodes"] = [n for nodes in kinds.values() for n in nodes[:len(nodes) // pods]]
     pod["job"]["global_batch_size"] //= pods
     small = plan(parse_scenario(pod), SearchOptions(time_limit_s=time_limit_s)).plan
-    small_doc = small.model_dump(mode="json", exclude_none=True)
-    pipelines = []
-    for copy in range(pods):
-        # The pod's i-th node of a kind stands for the copy's i-th node of that kind.
-        name_of = {nodes[i]["name"]: nodes[copy * (len(nodes) // pods) + i]["name"]
-                   for nodes in kinds.values() for i in range(len(nodes) // pods)}
-        for pipeline in small_doc["pipelines"]:
-            laid = json.loads(json.dumps(pipeline))
-            for stage in laid["stages"]:
-                stage["gpus"] = [f"{name_of[g.split(':')[0]]}:{g.split(':')[1]}"
-                                 for g in stage["gpus"]]
-            pipelines.append(laid)
-    whole = {"format": small_doc["format"], "schedule": small_doc.get("schedule"),
-             "pipelines": pipelines}
-    return evaluate(parse_scenario(doc), parse_plan(whole)).samples_per_s or 0.0
+    per_pod = {key: len(nodes) // pods for key, nodes in kinds.items()}
+    # The pod's i-th node of a kind stands for the copy's i-th node of that kind.
+    name_of = [{nodes[i]["name"]: nodes[copy * per_pod[key] + i]["name"]
+                for key, nodes in kinds.items() for i in range(per_pod[key])}
+               for copy in range(pods)]
+    whole = laid_down(small, pods, lambda node, copy: name_of[copy][node])
+    return evaluate(parse_scenario(doc), whole).samples_per_s or 0.0
 
 
 def main() -> None:
