@@ -21,6 +21,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from planner.search.allocate import Row
 from planner.search.drafts import Candidate, Draft, best_realized, draft
 from planner.search.tables import ScenarioTables
 from planner.search.templates import ClassKey, PipelineTemplate
@@ -37,7 +38,6 @@ EXCHANGED_PLACED = 3
 FILLERS = 2
 """Homogeneous templates per class tried on the GPUs a swap leaves free."""
 
-_Row = tuple[ClassKey, int]
 _Kind = tuple[int, frozenset[ClassKey]]
 _SetKey = frozenset[tuple[Any, int]]
 
@@ -78,12 +78,10 @@ def exchanged_drafts(tables: ScenarioTables, templates: Sequence[PipelineTemplat
             old = by_id[tid]
             for new in _nearest(old, of_kind.get(_kind(old), [])):
                 swapped = [new if id(t) == tid else t for t in pipelines]
-                free = dict(rows)
-                for row, n in (used - Counter({r: n * count for r, n in
-                                               old.usage(levels).items()})).items():
-                    free[row] -= n
-                for row, n in new.usage(levels).items():
-                    free[row] -= n * count
+                after = used.copy()
+                after.subtract({row: n * count for row, n in old.usage(levels).items()})
+                after.update({row: n * count for row, n in new.usage(levels).items()})
+                free = {row: capacity - after[row] for row, capacity in rows.items()}
                 if any(n < 0 for n in free.values()):
                     continue  # the new template does not fit where the old one stood
                 freed = {k for k, n in old.gpus().items() if new.gpus().get(k, 0) < n}
@@ -136,14 +134,14 @@ def _set_key(pipelines: Sequence[PipelineTemplate]) -> _SetKey:
 
 
 def _usage(pipelines: Sequence[PipelineTemplate], levels: dict[ClassKey, tuple[int, ...]]
-           ) -> Counter[_Row]:
-    used: Counter[_Row] = Counter()
+           ) -> Counter[Row]:
+    used: Counter[Row] = Counter()
     for t in pipelines:
         used.update(t.usage(levels))
     return used
 
 
-def _fills(free: dict[_Row, int], freed: set[ClassKey],
+def _fills(free: dict[Row, int], freed: set[ClassKey],
            fillers: dict[ClassKey, list[PipelineTemplate]],
            levels: dict[ClassKey, tuple[int, ...]]) -> list[list[PipelineTemplate]]:
     """Nothing added, and for each class the swap `freed` GPUs of, the copies of its

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 from pathlib import Path
@@ -91,17 +92,26 @@ def test_a_set_built_twice_takes_one_place_among_those_exchanged(
     objects, is exchanged once, and the next best set still is."""
     tables, templates = searched
     template = v100_front(templates)
-    twin = PipelineTemplate(micro_batch=template.micro_batch, stages=template.stages,
-                            partition=template.partition, fill_s=template.fill_s,
-                            max_micro_batches=template.max_micro_batches,
-                            sync_parts=template.sync_parts, transfer_s=template.transfer_s)
-    others = [t for t in templates if len(t.gpus()) == 2 and t.signature != template.signature
-              and exchanged_drafts(tables, templates, [as_candidate((t,) * 2, 1.0)])]
-    assert len(others) >= EXCHANGED_FROM
+    twin = dataclasses.replace(template)  # equal, another object
+    # Other sets whose exchanges no set before them offers: the last one's are then
+    # offered only where it takes one of the places.
+    offered = {key(d.pipelines) for d in exchanged_drafts(
+        tables, templates, [as_candidate((template,) * 8, 1.0)])}
+    others = []
+    for t in templates:
+        if len(t.gpus()) != 2 or t.signature == template.signature:
+            continue
+        own = {key(d.pipelines)
+               for d in exchanged_drafts(tables, templates, [as_candidate((t,) * 2, 1.0)])}
+        if own and not own & offered:
+            others.append(t)
+            offered |= own
+        if len(others) == EXCHANGED_FROM - 1:
+            break
+    assert len(others) == EXCHANGED_FROM - 1
     best = [as_candidate((template,) * 8, 1.0), as_candidate((twin,) * 8, 1.0)] + [
-        as_candidate((t,) * 2, 2.0 + k) for k, t in enumerate(others[:EXCHANGED_FROM - 1])]
-    last = others[EXCHANGED_FROM - 2]
-    alone = exchanged_drafts(tables, templates, [as_candidate((last,) * 2, 1.0)])
+        as_candidate((t,) * 2, 2.0 + k) for k, t in enumerate(others)]
+    alone = exchanged_drafts(tables, templates, [as_candidate((others[-1],) * 2, 1.0)])
     together = {key(d.pipelines) for d in exchanged_drafts(tables, templates, best)}
     assert {key(d.pipelines) for d in alone} <= together
 
