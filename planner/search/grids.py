@@ -171,6 +171,8 @@ def _subsets(tables: ScenarioTables) -> list[tuple[ResourceClass, ...]]:
     if len(types) >= 3:
         subsets += [tuple(c for c in classes if c.gpu_type != left) for left in types]
     zones = sorted({c.zone or "" for c in classes})
+    if len(types) >= 2 and len(zones) >= 2:
+        subsets += [tuple(c for c in classes if c.gpu_type == kept) for kept in types]
     if len(zones) >= 2:
         kept = [{z} for z in zones] + ([set(zones) - {z} for z in zones] if len(zones) >= 3
                                        else [])

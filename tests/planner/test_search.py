@@ -15,7 +15,13 @@ from planner.documents import dump_document
 from planner.search import api
 from planner.search.aside import Aside
 from planner.search.drafts import Candidate
-from planner.search.judging import FAMILY_FINALISTS, baseline_finalists, finalists
+from planner.search.judging import (
+    FAMILY_FINALISTS,
+    REFINE_SLACK,
+    baseline_finalists,
+    finalists,
+    worth_refining,
+)
 from planner.search.templates import even_bounds
 from tests.planner.scenarios import tiny
 
@@ -194,6 +200,26 @@ def test_a_family_whose_best_draft_takes_both_places_has_its_second_draft_judged
     chosen = finalists([*allocated, *grids], [allocated, grids], limit=8)
     assert [c.origin for c in chosen] == [f"grid {i}" for i in range(8)] + [
         "A pipeline-major", "A stage-major", "B stage-major"]
+
+
+def test_refinement_takes_the_best_three_and_each_other_close_drafts_best_placement() -> None:
+    """Shares set by simulation can reorder drafts judged close together: past the best
+    three, the best placement of every other draft within REFINE_SLACK is refined too, and
+    nothing beyond it."""
+    def judged(seconds: float, origin: str, draft: int | None) -> tuple[float, Candidate, Any]:
+        candidate = Candidate(build=lambda: pytest.fail("choosing needs no plan built"),
+                              quick_s=seconds, origin=origin, placement_of=draft)
+        return seconds, candidate, None
+
+    slack = REFINE_SLACK - 1
+    valid = [judged(10.0, "A pipeline-major", 1), judged(10.01, "A stage-major", 1),
+             judged(10.02, "B", None), judged(10.03, "C stage-major", 2),
+             judged(10.04, "B again", None), judged(10.05, "C pipeline-major", 2),
+             judged(10.06, "A third", 1), judged(10 * (1 + slack * 0.9), "D", 3),
+             judged(10 * (1 + slack * 1.1), "E", 4)]
+    chosen = [c.origin for _, c, _ in worth_refining(valid)]
+    assert chosen == ["A pipeline-major", "A stage-major", "B", "C stage-major", "B again",
+                      "D"]
 
 
 def test_what_the_parent_does_while_its_child_works_leaves_the_plan_as_it_was(
