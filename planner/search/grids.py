@@ -159,29 +159,38 @@ def _best_tp(tables: ScenarioTables, templates: Sequence[PipelineTemplate]
 
 
 def _subsets(tables: ScenarioTables) -> list[tuple[ResourceClass, ...]]:
-    """All classes; with three or more, all but each one; with three or more GPU types, all
-    but each type's (a type spread over zones is several classes); with several zones, each
-    zone's alone and, with three or more, all zones' but each one's (a grid whose rings cross
-    a slow link between zones can lose to one that leaves a zone idle)."""
+    """`_reductions` of all classes; with several zones, also each type's classes alone
+    (with two or more types) and the reductions of each zone's classes alone and, with
+    three or more zones, of all zones' but each one's: a grid whose rings cross a slow link
+    between zones can lose to one that leaves a zone idle, or a type, or both."""
     classes = tables.classes
+    subsets = _reductions(classes)
+    types = sorted({c.gpu_type for c in classes})
+    zones = sorted({c.zone or "" for c in classes})
+    if len(zones) >= 2:
+        if len(types) >= 2:
+            subsets += [tuple(c for c in classes if c.gpu_type == kept) for kept in types]
+        kept = [{z} for z in zones] + ([set(zones) - {z} for z in zones] if len(zones) >= 3
+                                       else [])
+        for allowed in kept:
+            subsets += _reductions(tuple(c for c in classes if (c.zone or "") in allowed))
+    unique: dict[tuple[tuple[str, str | None], ...], tuple[ResourceClass, ...]] = {}
+    for subset in subsets:
+        if subset:
+            unique.setdefault(tuple(c.key for c in subset), subset)
+    return list(unique.values())
+
+
+def _reductions(classes: tuple[ResourceClass, ...]) -> list[tuple[ResourceClass, ...]]:
+    """`classes`; with three or more, all but each one; with three or more GPU types, all
+    but each type's (a type spread over zones is several classes)."""
     subsets = [classes]
     if len(classes) >= 3:
         subsets += [tuple(c for c in classes if c is not left) for left in classes]
     types = sorted({c.gpu_type for c in classes})
     if len(types) >= 3:
         subsets += [tuple(c for c in classes if c.gpu_type != left) for left in types]
-    zones = sorted({c.zone or "" for c in classes})
-    if len(types) >= 2 and len(zones) >= 2:
-        subsets += [tuple(c for c in classes if c.gpu_type == kept) for kept in types]
-    if len(zones) >= 2:
-        kept = [{z} for z in zones] + ([set(zones) - {z} for z in zones] if len(zones) >= 3
-                                       else [])
-        subsets += [tuple(c for c in classes if (c.zone or "") in allowed) for allowed in kept]
-    unique: dict[tuple[tuple[str, str | None], ...], tuple[ResourceClass, ...]] = {}
-    for subset in subsets:
-        if subset:
-            unique.setdefault(tuple(c.key for c in subset), subset)
-    return list(unique.values())
+    return subsets
 
 
 def _swept_within(ctx: TemplateContext, ranked: Iterator[_Grid], budget: float

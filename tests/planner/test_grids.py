@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -18,6 +20,8 @@ from planner.search.quick import replicas_sync_s
 from planner.search.tables import compile_tables
 from planner.search.templates import PipelineTemplate, StageShape, TemplateContext
 from tests.planner.scenarios import tiny
+
+SCENARIOS = Path(__file__).resolve().parent.parent / "data" / "scenarios"
 
 LAYER_STATE_GIB = 100_000_000 * 18 / 2**30  # one layer's weights, grads and Adam state
 
@@ -485,3 +489,28 @@ def test_the_heaviest_stage_of_a_structure_is_the_layer_dp_s_on_alike_blocks(
             # The cheap estimate ranks by is a lower bound of it.
             bound = grids._heaviest_per_class(ctx, subset, estimates, rooms, np.array([0]))[0]
             assert bound <= estimate * (1 + 1e-12)
+
+
+def test_grid_subsets_on_two_zones_take_each_zone_less_a_class_and_each_type_alone() -> None:
+    """Four types: zone a holds one node of each, zone b a V100 and a T4 node. Beside all
+    classes less one class or one type, grids take each type's classes alone and each
+    zone's classes reduced as the whole fleet's are (zone a less each class: a held-out
+    input's best plan left zone b idle and zone a's T4s too)."""
+    doc = json.loads((SCENARIOS / "l40sx16-a40x8-v32x16-t4x8-gpt2.7b.json").read_text())
+    for node in doc["cluster"]["nodes"]:
+        node["zone"] = "b" if node["name"] in {"v32-1", "t4-1", "l40s-1"} else "a"
+    doc["cluster"]["nodes"] = [n for n in doc["cluster"]["nodes"] if n["name"] != "l40s-1"]
+    doc["cluster"]["inter_zone"] = [{"zones": ["a", "b"], "bandwidth_gb_per_s": 1.25,
+                                     "latency_us": 10_000.0}]
+    tables = compile_tables(parse_scenario(doc))
+    got = {frozenset(f"{c.gpu_type[:3]}{c.zone}" for c in subset)
+           for subset in grids._subsets(tables)}
+    every = frozenset({"L40a", "A10a", "V10a", "T4-a", "V10b", "T4-b"})
+    zone_a = frozenset({"L40a", "A10a", "V10a", "T4-a"})
+    expected = ({every} | {every - {c} for c in every}
+                | {every - {c for c in every if c.startswith(t)} for t in ("V10", "T4-")}
+                | {frozenset({c for c in every if c.startswith(t)}) for t in ("V10", "T4-")}
+                | {frozenset({"L40a"}), frozenset({"A10a"})}
+                | {zone_a} | {zone_a - {c} for c in zone_a}
+                | {frozenset({"V10b", "T4-b"})})
+    assert got == expected
