@@ -14,7 +14,8 @@ from planner.search.polish import polish_plan
 from planner.search.refine import rebalance
 
 __all__ = ["BASELINE_FINALISTS", "FAMILY_FINALISTS", "Judged", "baseline_finalists", "finalists",
-           "judge", "judge_group", "judged", "share_of_time_so_far", "worth_refining"]
+           "judge", "judge_group", "judged", "share_of_time_so_far", "worth_polishing",
+           "worth_refining"]
 
 REFINED = 3  # best finalists whose batch shares are then set by exact simulation
 REFINE_SLACK = 1.05
@@ -29,6 +30,12 @@ POLISH_SHARE = 0.5
 """Polishing the best plan's splits stops past this share of the search's time so far: a
 guard for slow machines; its tries are counted (polish.py)."""
 POLISH_MIN_S = 0.2
+POLISH_RUNNER_UP = 1.01
+"""A plan of another draft judged within this factor of the best is polished too..."""
+RUNNER_UP_POLISHED_UP_TO_GPUS = 256
+"""...on fleets of at most this many GPUs. On 400 held-out inputs its eight gains (0.04-0.71%)
+were all on fewer than 128 GPUs; on the 512-GPU timing inputs it changed no plan and cost
+the six-type input 7% of its planning time."""
 
 
 Judged = list[tuple[Candidate, Evaluation | None]]
@@ -115,6 +122,29 @@ def worth_refining(valid: list[tuple[float, Candidate, Evaluation]]
     return chosen
 
 
+def worth_polishing(valid: list[tuple[float, Candidate, Evaluation]], num_gpus: int
+                    ) -> list[tuple[float, Candidate, Evaluation]]:
+    """Of `valid` (best first), the best and, on a fleet of `num_gpus` up to
+    RUNNER_UP_POLISHED_UP_TO_GPUS where a plan of another draft is within POLISH_RUNNER_UP
+    of it, the best such plan: the polish climbs from one plan, and one a hair slower may
+    climb higher (on a held-out two-zone input the best judged plan stayed at 0.8243 s
+    while the runner-up polished to 0.8213 s)."""
+    best = valid[0]
+    if num_gpus > RUNNER_UP_POLISHED_UP_TO_GPUS:
+        return [best]
+    for entry in valid[1:]:
+        if entry[0] > best[0] * POLISH_RUNNER_UP:
+            break
+        if _draft_of(entry[1]) != _draft_of(best[1]):
+            return [best, entry]
+    return [best]
+
+
+def _faster(evaluation: Evaluation, than: Evaluation) -> bool:
+    return (evaluation.iteration_s is not None and than.iteration_s is not None
+            and evaluation.iteration_s < than.iteration_s)
+
+
 def _draft_of(candidate: Candidate) -> int:
     return id(candidate) if candidate.placement_of is None else candidate.placement_of
 
@@ -159,15 +189,21 @@ def judge(
     best: Candidate | None = None
     best_eval: Evaluation | None = None
     if valid:
-        _, best, best_eval = min(valid, key=lambda v: v[0])
-        # Each try evaluates the whole plan: never more than a share of the time so far.
-        polished = polish_plan(
-            scenario, best.plan, best_eval,
-            deadline=share_of_time_so_far(started, time_limit_s, POLISH_SHARE, POLISH_MIN_S))
-        if polished is not None:
-            best = Candidate.of(polished[0], quick_s=polished[1].iteration_s or best.quick_s,
-                                origin=f"{best.origin}, polished by simulation")
-            best_eval = polished[1]
+        valid.sort(key=lambda v: v[0])
+        num_gpus = sum(node.gpus for node in scenario.cluster.nodes)
+        for _, candidate, evaluation in worth_polishing(valid, num_gpus):
+            # Each try evaluates the whole plan: never more than a share of the time so far.
+            polished = polish_plan(
+                scenario, candidate.plan, evaluation,
+                deadline=share_of_time_so_far(started, time_limit_s, POLISH_SHARE,
+                                              POLISH_MIN_S))
+            if polished is not None:
+                candidate = Candidate.of(
+                    polished[0], quick_s=polished[1].iteration_s or candidate.quick_s,
+                    origin=f"{candidate.origin}, polished by simulation")
+                evaluation = polished[1]
+            if best_eval is None or _faster(evaluation, best_eval):
+                best, best_eval = candidate, evaluation
     # A baseline's rate counts its candidates judged among the finalists too.
     known.update((id(c), e) for c, e in judged_finalists if e is not None)
     rates: dict[str, float | None] = {}

@@ -17,9 +17,12 @@ from planner.search.aside import Aside
 from planner.search.drafts import Candidate
 from planner.search.judging import (
     FAMILY_FINALISTS,
+    POLISH_RUNNER_UP,
     REFINE_SLACK,
+    RUNNER_UP_POLISHED_UP_TO_GPUS,
     baseline_finalists,
     finalists,
+    worth_polishing,
     worth_refining,
 )
 from planner.search.templates import even_bounds
@@ -220,6 +223,23 @@ def test_refinement_takes_the_best_three_and_each_other_close_drafts_best_placem
     chosen = [c.origin for _, c, _ in worth_refining(valid)]
     assert chosen == ["A pipeline-major", "A stage-major", "B", "C stage-major", "B again",
                       "D"]
+
+
+def test_the_polish_also_climbs_from_the_best_plan_of_another_draft_close_behind() -> None:
+    def judged(seconds: float, origin: str, draft: int | None) -> tuple[float, Candidate, Any]:
+        candidate = Candidate(build=lambda: pytest.fail("choosing needs no plan built"),
+                              quick_s=seconds, origin=origin, placement_of=draft)
+        return seconds, candidate, None
+
+    close = 10 * (1 + (POLISH_RUNNER_UP - 1) * 0.5)
+    valid = [judged(10.0, "A pipeline-major", 1), judged(10.001, "A stage-major", 1),
+             judged(close, "B", 2), judged(close, "C", 3)]
+    small, large = RUNNER_UP_POLISHED_UP_TO_GPUS, RUNNER_UP_POLISHED_UP_TO_GPUS + 1
+    assert [c.origin for _, c, _ in worth_polishing(valid, small)] == ["A pipeline-major", "B"]
+    assert [c.origin for _, c, _ in worth_polishing(valid, large)] == ["A pipeline-major"]
+    far = 10 * POLISH_RUNNER_UP * 1.001
+    assert [c.origin for _, c, _ in worth_polishing([valid[0], valid[1], judged(far, "B", 2)],
+                                                    small)] == ["A pipeline-major"]
 
 
 def test_what_the_parent_does_while_its_child_works_leaves_the_plan_as_it_was(
