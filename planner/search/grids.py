@@ -75,9 +75,9 @@ dropped, with its sweeps.)"""
 KEPT = 6
 """Grid drafts, least rough time first, placed and offered to the search."""
 KEPT_ZONED = 8
-"""The same on fleets of several zones, where four classes or more are tried in twice the
-orders (zone by zone too): with six, a held-out input's best grid, in memory order, lost
-its place to zone-by-zone drafts of less rough time that placed worse (0.7% slower)."""
+"""The same on fleets of several zones, where four classes or more are also tried zone by
+zone: with six, a held-out input's best grid, in memory order, lost its place to
+zone-by-zone drafts of less rough time that placed worse (0.7% slower)."""
 TP_PER_CLASS = 3
 """tp options per class and micro-batch size, fastest per GPU first. A third one lets a
 class trade some speed per GPU for fewer, larger stages (on a perturbed 32-GPU LLaMA-7B
@@ -637,22 +637,43 @@ def _class_orders(tables: ScenarioTables, grid: _Grid
 def _order_indices(tables: ScenarioTables, classes: Sequence[ResourceClass]
                    ) -> list[tuple[int, ...]]:
     """Orders of `classes` (their indices, front first) that a grid's replicas try: every
-    order, or with MAX_ORDERS_FROM classes and more, by memory both ways."""
-    if len(classes) < MAX_ORDERS_FROM:
-        return list(itertools.permutations(range(len(classes))))
-    by_memory = tuple(sorted(range(len(classes)),
+    order, or with MAX_ORDERS_FROM classes and more, a few: by memory both ways; where the
+    sweeps are cheap (SWEPT_CELLS_FULL_UP_TO GPUs), also by speed both ways and each class
+    in front of the others in memory order; and, over several zones, zone by zone (memory
+    order within each), the zones both ways."""
+    count = len(classes)
+    if count < MAX_ORDERS_FROM:
+        return list(itertools.permutations(range(count)))
+    by_memory = tuple(sorted(range(count),
                              key=lambda i: -tables.capacity_bytes[classes[i].gpu_type]))
     orders = [by_memory, by_memory[::-1]]
+    if sum(c.num_gpus for c in tables.classes) <= SWEPT_CELLS_FULL_UP_TO:
+        # The front stages hold the most micro-batches in flight, and a class's place sets
+        # the links its transfers cross: memory order alone missed grids up to 7.6% faster
+        # on held-out inputs of four types or two zones. (On the six-type input at 480 GPUs
+        # these orders cost 23% of its planning time for a plan 1.6% faster.)
+        speed = _least_compute_s(tables)
+        by_speed = tuple(sorted(range(count), key=lambda i: speed[classes[i].gpu_type]))
+        orders += [by_speed, by_speed[::-1]]
+        orders += [(i, *(j for j in by_memory if j != i)) for i in by_memory]
     zones = sorted({c.zone or "" for c in classes})
     if len(zones) >= 2:
         # Memory order alone may cross between zones at every stage boundary: each zone's
         # classes together, the zones in either order, cross a slow link once.
         for ordered_zones in (zones, zones[::-1]):
             rank = {z: k for k, z in enumerate(ordered_zones)}
-            grouped = tuple(sorted(by_memory, key=lambda i: rank[classes[i].zone or ""]))
-            if grouped not in orders:
-                orders.append(grouped)
-    return orders
+            orders.append(tuple(sorted(by_memory, key=lambda i: rank[classes[i].zone or ""])))
+    return list(dict.fromkeys(orders))
+
+
+def _least_compute_s(tables: ScenarioTables) -> dict[str, float]:
+    """Per GPU type: its least GPU-seconds per sample through the whole model over its
+    profiled points."""
+    least: dict[str, float] = {}
+    for (gpu_type, b, tp), point in tables.points.items():
+        seconds = tp * float(point.compute_s[-1]) / b
+        least[gpu_type] = min(seconds, least.get(gpu_type, seconds))
+    return least
 
 
 def _swept(ctx: TemplateContext, grid: _Grid, *, least_time: bool = True
