@@ -493,7 +493,7 @@ below, it takes less time than a fork and the pickling of its candidates."""
 
 
 def _worth_forking(tables: ScenarioTables) -> bool:
-    return sum(c.num_gpus for c in tables.classes) >= FORK_FROM_GPUS
+    return tables.num_gpus >= FORK_FROM_GPUS
 
 
 def _unused_gpus(tables: ScenarioTables, plan_doc: Plan) -> dict[str, str]:

@@ -120,8 +120,7 @@ def grid_candidates(tables: ScenarioTables) -> list[Candidate]:
     most = max(c.slots(1) for c in tables.classes)
     per_param = np.array([state_bytes_per_param(tables.scenario, n).total
                           for n in range(1, most + 1)])
-    gpus = sum(c.num_gpus for c in tables.classes)
-    budget = SWEPT_CELLS if gpus <= SWEPT_CELLS_FULL_UP_TO else SWEPT_CELLS_LARGE_FLEET
+    budget = SWEPT_CELLS if tables.num_gpus <= SWEPT_CELLS_FULL_UP_TO else SWEPT_CELLS_LARGE_FLEET
     drafts = (replicas_draft(tables, template, grid.replicas, "identical pipelines through "
                              + ", ".join(dict.fromkeys(s.gpu_type for s in template.stages)))
               for subset in _subsets(tables)
@@ -647,12 +646,12 @@ def _order_indices(tables: ScenarioTables, classes: Sequence[ResourceClass]
     by_memory = tuple(sorted(range(count),
                              key=lambda i: -tables.capacity_bytes[classes[i].gpu_type]))
     orders = [by_memory, by_memory[::-1]]
-    if sum(c.num_gpus for c in tables.classes) <= SWEPT_CELLS_FULL_UP_TO:
+    if tables.num_gpus <= SWEPT_CELLS_FULL_UP_TO:
         # The front stages hold the most micro-batches in flight, and a class's place sets
         # the links its transfers cross: memory order alone missed grids up to 7.6% faster
         # on held-out inputs of four types or two zones. (On the six-type input at 480 GPUs
         # these orders cost 23% of its planning time for a plan 1.6% faster.)
-        speed = _least_compute_s(tables)
+        speed = tables.least_compute_s
         by_speed = tuple(sorted(range(count), key=lambda i: speed[classes[i].gpu_type]))
         orders += [by_speed, by_speed[::-1]]
         orders += [(i, *(j for j in by_memory if j != i)) for i in by_memory]
@@ -665,15 +664,6 @@ def _order_indices(tables: ScenarioTables, classes: Sequence[ResourceClass]
             orders.append(tuple(sorted(by_memory, key=lambda i: rank[classes[i].zone or ""])))
     return list(dict.fromkeys(orders))
 
-
-def _least_compute_s(tables: ScenarioTables) -> dict[str, float]:
-    """Per GPU type: its least GPU-seconds per sample through the whole model over its
-    profiled points."""
-    least: dict[str, float] = {}
-    for (gpu_type, b, tp), point in tables.points.items():
-        seconds = tp * float(point.compute_s[-1]) / b
-        least[gpu_type] = min(seconds, least.get(gpu_type, seconds))
-    return least
 
 
 def _swept(ctx: TemplateContext, grid: _Grid, *, least_time: bool = True

@@ -213,5 +213,4 @@ def judge(
         values = [e.samples_per_s for c, _ in group
                   if (e := known.get(id(c))) is not None and e.valid and e.samples_per_s is not None]
         rates[name] = max(values, default=None)
-    valid.sort(key=lambda v: v[0])
     return best, best_eval, rates, [(c, e) for _, c, e in valid]

@@ -93,6 +93,20 @@ class ScenarioTables:
     """Stage cost and fit matrices of the partition DP, shared by every sweep of a search."""
 
     @functools.cached_property
+    def num_gpus(self) -> int:
+        return sum(c.num_gpus for c in self.classes)
+
+    @functools.cached_property
+    def least_compute_s(self) -> dict[str, float]:
+        """Per GPU type: its least GPU-seconds per sample through the whole model over its
+        profiled points."""
+        least: dict[str, float] = {}
+        for (gpu_type, b, tp), point in self.points.items():
+            seconds = tp * float(point.compute_s[-1]) / b
+            least[gpu_type] = min(seconds, least.get(gpu_type, seconds))
+        return least
+
+    @functools.cached_property
     def params_at(self) -> list[float]:
         """`params` as a list (read a few at a time in Python loops)."""
         return cast(list[float], self.params.tolist())

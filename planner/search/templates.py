@@ -291,7 +291,7 @@ def generate_templates(
     homogeneous = list(_homogeneous(ctx, num_pipelines_hint, limits))
     if not two_segment:
         return homogeneous
-    small = sum(c.num_gpus for c in tables.classes) <= limits.every_point_up_to_gpus
+    small = tables.num_gpus <= limits.every_point_up_to_gpus
     best_points = _best_points(ctx, homogeneous,
                                len(tables.points) if small else limits.max_points_per_class)
     deepest = _deepest_useful(homogeneous)
