@@ -80,3 +80,11 @@ def chunked(gpus: list[str], chunks: list[tuple[int, int]], recompute: bool = Fa
     if recompute:
         doc["recompute"] = True
     return doc
+
+
+def with_wan(doc: dict[str, Any], *, gb_per_s: float = 1.25,
+             latency_us: float = 10_000.0) -> dict[str, Any]:
+    """`doc` with a link between zones a and b (1.25 GB/s and 10 ms unless told)."""
+    doc["cluster"]["inter_zone"] = [{"zones": ["a", "b"], "bandwidth_gb_per_s": gb_per_s,
+                                     "latency_us": latency_us}]
+    return doc

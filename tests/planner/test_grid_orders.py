@@ -12,6 +12,7 @@ from typing import Any
 from planner import SearchOptions, evaluate, parse_plan, parse_scenario, plan
 from planner.search import grids
 from planner.search.tables import compile_tables
+from tests.planner.scenarios import with_wan
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "data" / "scenarios"
 
@@ -25,8 +26,7 @@ def memtight_two_zones() -> dict[str, Any]:
     doc["cluster"]["nodes"] = (
         [dict(a10, name=f"a10-{i}", zone="ba"[i]) for i in range(2)]
         + [dict(v100, name=f"v100-{i}", zone="b" if i == 0 else "a") for i in range(4)])
-    doc["cluster"]["inter_zone"] = [{"zones": ["a", "b"], "bandwidth_gb_per_s": 1.25,
-                                     "latency_us": 10_000.0}]
+    with_wan(doc)
     doc["job"]["global_batch_size"] = 128
     return doc
 

@@ -19,7 +19,7 @@ from planner.search import drafts, grids
 from planner.search.quick import replicas_sync_s
 from planner.search.tables import compile_tables
 from planner.search.templates import PipelineTemplate, StageShape, TemplateContext
-from tests.planner.scenarios import tiny
+from tests.planner.scenarios import tiny, with_wan
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "data" / "scenarios"
 
@@ -500,8 +500,7 @@ def test_grid_subsets_on_two_zones_take_each_zone_less_a_class_and_each_type_alo
     for node in doc["cluster"]["nodes"]:
         node["zone"] = "b" if node["name"] in {"v32-1", "t4-1", "l40s-1"} else "a"
     doc["cluster"]["nodes"] = [n for n in doc["cluster"]["nodes"] if n["name"] != "l40s-1"]
-    doc["cluster"]["inter_zone"] = [{"zones": ["a", "b"], "bandwidth_gb_per_s": 1.25,
-                                     "latency_us": 10_000.0}]
+    with_wan(doc)
     tables = compile_tables(parse_scenario(doc))
     got = {frozenset(f"{c.gpu_type[:3]}{c.zone}" for c in subset)
            for subset in grids._subsets(tables)}

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from planner import SearchOptions, evaluate, parse_plan, parse_scenario, plan
+from tests.planner.scenarios import with_wan
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "data" / "scenarios"
 
@@ -86,13 +87,6 @@ def four_types_two_zones() -> dict[str, Any]:
         + [dict(l40s, name="l40s-0", zone="a")])
     doc["job"].update(global_batch_size=1536, zero_stage=1)
     return with_wan(doc)
-
-
-def with_wan(doc: dict[str, Any], *, gb_per_s: float = 1.25,
-             latency_us: float = 10_000.0) -> dict[str, Any]:
-    doc["cluster"]["inter_zone"] = [{"zones": ["a", "b"], "bandwidth_gb_per_s": gb_per_s,
-                                     "latency_us": latency_us}]
-    return doc
 
 
 def zone_a_alone(doc: dict[str, Any]) -> dict[str, Any]:
