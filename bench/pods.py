@@ -10,7 +10,9 @@ the k pods and judged on the whole fleet. A tiled plan faster than the search's 
 plan the search missed.
 
 Usage: python bench/pods.py [--sets measured,generated] [--time-limit S]
-Prints a Markdown table for BENCHMARKS.md.
+       [--perturbed N --seed S --family F]
+With --perturbed, `bench/perturbed.py`'s first N inputs of that seed and family are judged
+too (the shared sets left out with `--sets ""`). Prints a Markdown table for BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -19,12 +21,13 @@ import argparse
 import json
 import math
 import platform
+import random
 import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from perturbed import laid_down
+from perturbed import FAMILIES, laid_down, perturbed
 from plan_quality import SETS
 
 from planner import SearchOptions, evaluate, parse_scenario, plan
@@ -65,30 +68,37 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sets", default="measured,generated")
     parser.add_argument("--time-limit", type=float, default=10.0)
+    parser.add_argument("--perturbed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--family", choices=FAMILIES, default="generated")
     args = parser.parse_args()
+    inputs = [(path.stem, json.loads(Path(path).read_text()))
+              for name in filter(None, args.sets.split(",")) for path in SETS[name]]
+    rng = random.Random(args.seed)
+    for k in range(args.perturbed):
+        label, doc = perturbed(rng, args.family)
+        inputs.append((f"#{k} {label}", doc))
     print(f"machine: {platform.machine()}, Python {platform.python_version()}, "
           f"date {time.strftime('%Y-%m-%d %H:%M')}\n")
     print("| scenario | GPUs | hetplan samples/s | pods tried | best tiled pod plan | pods | "
           "hetplan / best tiled |")
     print("|---|---|---|---|---|---|---|")
     missed = []
-    for name in args.sets.split(","):
-        for path in SETS[name]:
-            doc = json.loads(Path(path).read_text())
-            counts = pod_counts(doc)
-            scenario = parse_scenario(doc)
-            ours = plan(scenario, SearchOptions(time_limit_s=args.time_limit)
-                        ).evaluation.samples_per_s or 0.0
-            rates = {k: tiled_rate(doc, k, args.time_limit) for k in counts}
-            gpus = sum(n.gpus for n in scenario.cluster.nodes)
-            if not rates:
-                print(f"| {path.stem} | {gpus} | {ours:.2f} | none | | | |")
-                continue
-            pods = max(rates, key=lambda k: rates[k])
-            print(f"| {path.stem} | {gpus} | {ours:.2f} | {', '.join(map(str, counts))} | "
-                  f"{rates[pods]:.2f} | {pods} | {ours / rates[pods]:.3f}x |", flush=True)
-            if rates[pods] > ours * 1.0005:
-                missed.append(f"{path.stem} ({ours / rates[pods]:.3f}x)")
+    for label, doc in inputs:
+        counts = pod_counts(doc)
+        scenario = parse_scenario(doc)
+        gpus = sum(n.gpus for n in scenario.cluster.nodes)
+        if not counts:
+            print(f"| {label} | {gpus} | | none | | | |", flush=True)
+            continue
+        ours = plan(scenario, SearchOptions(time_limit_s=args.time_limit)
+                    ).evaluation.samples_per_s or 0.0
+        rates = {k: tiled_rate(doc, k, args.time_limit) for k in counts}
+        pods = max(rates, key=lambda k: rates[k])
+        print(f"| {label} | {gpus} | {ours:.2f} | {', '.join(map(str, counts))} | "
+              f"{rates[pods]:.2f} | {pods} | {ours / rates[pods]:.3f}x |", flush=True)
+        if rates[pods] > ours * 1.0005:
+            missed.append(f"{label.split(' ')[0]} ({ours / rates[pods]:.3f}x)")
     print(f"\n{len(missed)} inputs where a tiled pod plan beats the search: "
           + (", ".join(missed) or "none"))
 

@@ -6,10 +6,10 @@ share of each class: n replicas, each with slots_c / n stages of class c in a ro
 class's tp), the classes in some order, the layers split by speed. The `unaware` baseline
 has this shape with an even split, and the two-segment templates have two classes with
 tails of a few sizes; here every class of a subset is in each replica: all classes and,
-with three or more, all but one (a slow type left idle). Each class runs at one of three
-tp: those its fastest homogeneous pipelines use at the micro-batch size, then those of least
-compute per sample (where its pipelines fit at fewer tp, or at none), for every replica
-count that splits every class evenly and leaves each replica a micro-batch (the shares of
+with three or more, all but one (a slow type left idle). Each class runs at one of four
+tp (three past 256 GPUs; four is every profiled one, as profiles go): those its fastest
+homogeneous pipelines use at the micro-batch size, then those of least compute per sample,
+for every replica count that splits every class evenly and leaves each replica a micro-batch (the shares of
 the batch differing by one micro-batch where the count does not divide it: counts dividing
 the batch alone were few on large fleets, none at 4,080 GPUs of the benchmark inputs).
 
@@ -78,11 +78,19 @@ KEPT_ZONED = 8
 """The same on fleets of several zones, where four classes or more are also tried zone by
 zone: with six, a held-out input's best grid, in memory order, lost its place to
 zone-by-zone drafts of less rough time that placed worse (0.7% slower)."""
-TP_PER_CLASS = 3
-"""tp options per class and micro-batch size, fastest per GPU first. A third one lets a
-class trade some speed per GPU for fewer, larger stages (on a perturbed 32-GPU LLaMA-7B
-input, two A10 tp4 stages in front of four H100 tp2 ones: 2.5% faster than the best grid
-with two options; no plan of the shared scenarios changed)."""
+TP_PER_CLASS = 4
+"""tp options per class and micro-batch size, fastest per GPU first: with tp 1, 2, 4 and 8
+profiled, every one. A third one lets a class trade some speed per GPU for fewer, larger
+stages (on a perturbed 32-GPU LLaMA-7B input, two A10 tp4 stages in front of four H100 tp2
+ones: 2.5% faster than the best grid with two options). The fourth is the one a class holding
+a few layers of a grid needs where its homogeneous pipelines, which must hold the whole model,
+rank it last: 16 V100-16Gs whose pipelines fit at tp 4 and 8 only, tp 1 the least compute
+per sample, run a grid's last layers best at tp 2 (test_grid_tp: 7% faster than at tp 4).
+On fleets of up to SWEPT_CELLS_FULL_UP_TO GPUs; TP_PER_CLASS_LARGE_FLEET beyond."""
+TP_PER_CLASS_LARGE_FLEET = 3
+"""Past SWEPT_CELLS_FULL_UP_TO GPUs: a fourth option multiplies the structures estimated in
+closed form by (4/3)^classes, and with six classes it cost the 512-GPU timing input 29% of
+its planning time (0.82 -> 1.06 s, the same plan) on the forked child's path."""
 CORRECTED_FIRST = 64
 """Structures whose whole-layer estimate `_least` computes at once, in order of their
 balanced estimate; each further batch twice the last (most callers take a few)."""
@@ -114,13 +122,15 @@ def grid_candidates(tables: ScenarioTables) -> list[Candidate]:
     hints = (1, SHARDED_OVER) if tables.scenario.job.zero_stage >= 1 else (1,)
     templates = [t for cls in tables.classes for hint in hints
                  for t in homogeneous_templates(ctx, cls, num_pipelines=hint)]
-    best_tp = _best_tp(tables, templates)
+    small_fleet = tables.num_gpus <= SWEPT_CELLS_FULL_UP_TO
+    best_tp = _best_tp(tables, templates,
+                       per_class=TP_PER_CLASS if small_fleet else TP_PER_CLASS_LARGE_FLEET)
     # State bytes per parameter by replica count (ZeRO shards it): read by every subset
     # and micro-batch size, for counts up to the most stages any class hosts.
     most = max(c.slots(1) for c in tables.classes)
     per_param = np.array([state_bytes_per_param(tables.scenario, n).total
                           for n in range(1, most + 1)])
-    budget = SWEPT_CELLS if tables.num_gpus <= SWEPT_CELLS_FULL_UP_TO else SWEPT_CELLS_LARGE_FLEET
+    budget = SWEPT_CELLS if small_fleet else SWEPT_CELLS_LARGE_FLEET
     drafts = (replicas_draft(tables, template, grid.replicas, "identical pipelines through "
                              + ", ".join(dict.fromkeys(s.gpu_type for s in template.stages)))
               for subset in _subsets(tables)
@@ -130,10 +140,10 @@ def grid_candidates(tables: ScenarioTables) -> list[Candidate]:
     return best_realized(tables, drafts, KEPT_ZONED if zoned else KEPT)
 
 
-def _best_tp(tables: ScenarioTables, templates: Sequence[PipelineTemplate]
-             ) -> dict[tuple[ClassKey, int], list[int]]:
-    """Per class and micro-batch size, the tp of its fastest homogeneous pipelines per GPU,
-    then those of least compute per sample. A class too small or too memory-poor to hold
+def _best_tp(tables: ScenarioTables, templates: Sequence[PipelineTemplate], *,
+             per_class: int = TP_PER_CLASS) -> dict[tuple[ClassKey, int], list[int]]:
+    """Per class and micro-batch size, `per_class` tp: those of its fastest homogeneous
+    pipelines per GPU, then those of least compute per sample. A class too small or too memory-poor to hold
     the model alone at some tp (or at any) may still hold a grid's few layers there: the
     T4s of a perturbed GPT-2.7B input fit homogeneous pipelines at micro-batch 2 only at tp
     4 (a deep pipeline's first stages hold many micro-batches' activations), yet the best
@@ -158,7 +168,7 @@ def _best_tp(tables: ScenarioTables, templates: Sequence[PipelineTemplate]
         ranked = (sorted(pipelines, key=lambda tp: (-pipelines[tp], tp))
                   + sorted((tp for tp in rates if tp not in pipelines),
                            key=lambda tp: (-rates[tp], tp)))
-        best[key] = ranked[:TP_PER_CLASS]
+        best[key] = ranked[:per_class]
     return best
 
 

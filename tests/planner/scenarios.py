@@ -5,6 +5,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from planner import SearchOptions, evaluate, parse_plan, parse_scenario
+from planner import plan as search
+
 
 def tiny(**job: Any) -> dict[str, Any]:
     """Two 4-GPU nodes of one type; two layers: kind a (no output), kind b.
@@ -88,3 +91,13 @@ def with_wan(doc: dict[str, Any], *, gb_per_s: float = 1.25,
     doc["cluster"]["inter_zone"] = [{"zones": ["a", "b"], "bandwidth_gb_per_s": gb_per_s,
                                      "latency_us": latency_us}]
     return doc
+
+
+def assert_search_reaches(scenario_doc: dict[str, Any], plan_doc: dict[str, Any]) -> None:
+    """The default search's plan of `scenario_doc` runs at least as fast as `plan_doc`, a
+    valid plan written out or found another way."""
+    scenario = parse_scenario(scenario_doc)
+    floor = evaluate(scenario, parse_plan(plan_doc))
+    assert floor.valid and floor.samples_per_s is not None, floor.errors
+    found = search(scenario, SearchOptions(time_limit_s=10)).evaluation.samples_per_s
+    assert found is not None and found >= floor.samples_per_s * (1 - 1e-9)
