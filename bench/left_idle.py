@@ -2,14 +2,15 @@
 fleet, laid on the whole fleet.
 
 For each input, each GPU type is left out in turn and, on inputs of several zones, each
-zone is kept alone (its nodes only, no inter-zone link); that part is planned by the default
+zone is kept alone (its nodes only, no inter-zone link); with --nodes, instead, one node of
+each kind (GPU type, zone, size, interfaces) is left out in turn; that part is planned by the default
 search, and its plan, valid on the whole fleet with the rest idle, is judged there. A part's
 plan faster than the search's own is a plan the search missed.
 
 Inputs: the shared measured and generated scenarios, then `bench/perturbed.py`'s draws of
 each seed given.
 
-Usage: python bench/left_idle.py [--seeds 5,73,2026] [--count 80] [--time-limit S]
+Usage: python bench/left_idle.py [--seeds 5,73,2026] [--count 80] [--time-limit S] [--nodes]
 Prints a line per input and part that beats the search, then a summary for BENCHMARKS.md.
 """
 
@@ -47,6 +48,21 @@ def parts(doc: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
             yield f"zone {zone} alone", part
 
 
+def less_one_node(doc: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(what is kept, the scenario of that part) for one node of each kind left out, where
+    the kind keeps a node."""
+    nodes = doc["cluster"]["nodes"]
+    kinds: dict[str, list[str]] = {}
+    for node in nodes:
+        kinds.setdefault(json.dumps({k: v for k, v in node.items() if k != "name"},
+                                    sort_keys=True), []).append(node["name"])
+    for names in kinds.values():
+        if len(names) >= 2:
+            part = json.loads(json.dumps(doc))
+            part["cluster"]["nodes"] = [n for n in nodes if n["name"] != names[-1]]
+            yield f"without node {names[-1]}", part
+
+
 def part_rate(doc: dict[str, Any], part: dict[str, Any], time_limit_s: float) -> float:
     """Samples/s on the whole fleet of the part's plan (0 where the part has none)."""
     try:
@@ -74,13 +90,15 @@ def main() -> None:
     parser.add_argument("--seeds", default="5,73,2026")
     parser.add_argument("--count", type=int, default=80)
     parser.add_argument("--time-limit", type=float, default=10.0)
+    parser.add_argument("--nodes", action="store_true",
+                        help="leave one node of each kind out in turn, not types and zones")
     args = parser.parse_args()
     print(f"machine: {platform.machine()}, Python {platform.python_version()}, "
           f"date {time.strftime('%Y-%m-%d %H:%M')}, seeds {args.seeds}, {args.count} each\n")
     judged = missed = 0
     worst = 1.0
     for label, doc in inputs([int(s) for s in args.seeds.split(",")], args.count):
-        pieces = list(parts(doc))
+        pieces = list(less_one_node(doc) if args.nodes else parts(doc))
         if not pieces:
             continue
         ours = plan(parse_scenario(doc), SearchOptions(time_limit_s=args.time_limit)

@@ -36,7 +36,7 @@ from planner.search.diagnose import infeasibility_reason, no_plan_reason
 from planner.search.drafts import Candidate
 from planner.search.exact import TooLargeForExact, check_size, exact_optimum
 from planner.search.exchange import exchanged_candidates
-from planner.search.grids import grid_candidates
+from planner.search.grids import GridFamilies, grid_candidates
 from planner.search.judging import (
     Judged,
     baseline_finalists,
@@ -281,8 +281,9 @@ def _searched(
         beside.per_type + [(as_per_type(c), e) for c, e in baselines["homogeneous"]],
         key=lambda judged: judged[0].quick_s)
     candidates.extend(c for group in baselines.values() for c, _ in group)
-    candidates.extend(beside.grids)
-    families = [allocated, replicated, beside.grids]
+    candidates.extend(beside.grids.even)
+    candidates.extend(beside.grids.with_idle)
+    families = [allocated, replicated, beside.grids.even, beside.grids.with_idle]
     if local:
         # Only plans whose pipelines share their blocks are valid: give them one split.
         candidates = common_blocks(tables, candidates, limit=LOCAL_FINALISTS * options.finalists)
@@ -466,7 +467,7 @@ class Beside:
     at 512 GPUs, BENCHMARKS 3)."""
 
     per_type: Judged
-    grids: list[Candidate]
+    grids: GridFamilies
     """The grids' placed candidates (`grid_candidates`)."""
     launchers: dict[str, Judged] | None
     """The `homogeneous` and `unaware` baselines, where asked for here."""

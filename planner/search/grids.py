@@ -9,9 +9,12 @@ tails of a few sizes; here every class of a subset is in each replica: all class
 with three or more, all but one (a slow type left idle). Each class runs at one of four
 tp (three past 256 GPUs; four is every profiled one, as profiles go): those its fastest
 homogeneous pipelines use at the micro-batch size, then those of least compute per sample,
-for every replica count that splits every class evenly and leaves each replica a micro-batch (the shares of
-the batch differing by one micro-batch where the count does not divide it: counts dividing
-the batch alone were few on large fleets, none at 4,080 GPUs of the benchmark inputs).
+for every replica count that splits every class evenly and leaves each replica a
+micro-batch (the shares of the batch differing by one micro-batch where the count does not
+divide it: counts dividing the batch alone were few on large fleets, none at 4,080 GPUs of
+the benchmark inputs). On fleets of up to 256 GPUs, the counts that leave some class fewer
+stages over than replicas, idle, are a family of their own (a class of 17 nodes splits
+evenly 17 ways only), swept within a budget of their own (IDLE_CELLS).
 
 Those structures are many (subsets x micro-batch sizes x tp per class x counts, then
 orders of the classes), and each needs a layer DP: each is first estimated in closed form
@@ -29,8 +32,8 @@ import functools
 import heapq
 import itertools
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import cast
+from dataclasses import dataclass, field
+from typing import NamedTuple, cast
 
 import numpy as np
 
@@ -49,7 +52,7 @@ from planner.search.templates import (
     template_from_partition,
 )
 
-__all__ = ["grid_candidates"]
+__all__ = ["GridFamilies", "grid_candidates"]
 
 SWEPT = 3
 """Structures of least estimated time swept by the layer DP, per subset of classes, at
@@ -99,6 +102,13 @@ BISECTIONS = 22
 then set on the step it ends in."""
 MAX_ORDERS_FROM = 4
 """With this many classes or more, two orders are swept (by memory, both ways), not all."""
+IDLE_CELLS = 32768
+"""Cells (as SWEPT_CELLS counts them) that the grids leaving some GPUs of a class idle may
+sweep in all, their structures taken best first by the closed form across every subset.
+Swept as the even grids are (SWEPT and SWEPT_CELLS per subset), they found no more on 400
+held-out inputs and made the six-type 130-layer input at 240 GPUs plan 60% longer; the
+subsets taken in turn, first structures first, missed a fleet's zone alone (its part's plan
+2.8% faster than the whole fleet's)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,13 +119,25 @@ class _Grid:
     replicas: int
     stages: tuple[int, ...]
     """Stages of each class in one replica."""
+    estimate_s: float = field(default=0.0, compare=False)
+    """Its iteration in closed form, whole layers counted (`_least`'s ranking)."""
 
 
-def grid_candidates(tables: ScenarioTables) -> list[Candidate]:
-    """Placed grids, best first by the quick estimate. Each class's homogeneous pipelines of
-    every depth rank its tp (swept once per search: free after the per-type baseline)."""
+class GridFamilies(NamedTuple):
+    """Placed grids, each family best first by the quick estimate."""
+
+    even: list[Candidate]
+    """Replica counts that split every class's stages evenly."""
+    with_idle: list[Candidate]
+    """Counts that leave some class a few stages idle (fleets of up to
+    SWEPT_CELLS_FULL_UP_TO GPUs): judged as a family of their own."""
+
+
+def grid_candidates(tables: ScenarioTables) -> GridFamilies:
+    """Placed grids. Each class's homogeneous pipelines of every depth rank its tp (swept
+    once per search: free after the per-type baseline)."""
     if len(tables.classes) < 2:
-        return []
+        return GridFamilies(even=[], with_idle=[])
     ctx = TemplateContext(tables, tables.scenario.job.schedule)
     # Under ZeRO, state sharded over replicas fits at lower tp: the per-type baseline's
     # pipelines sized for several count too.
@@ -131,13 +153,24 @@ def grid_candidates(tables: ScenarioTables) -> list[Candidate]:
     per_param = np.array([state_bytes_per_param(tables.scenario, n).total
                           for n in range(1, most + 1)])
     budget = SWEPT_CELLS if small_fleet else SWEPT_CELLS_LARGE_FLEET
-    drafts = (replicas_draft(tables, template, grid.replicas, "identical pipelines through "
-                             + ", ".join(dict.fromkeys(s.gpu_type for s in template.stages)))
-              for subset in _subsets(tables)
-              for grid, template in _swept_within(ctx, _least(ctx, subset, best_tp, per_param),
-                                                  budget))
-    zoned = len({c.zone for c in tables.classes}) >= 2
-    return best_realized(tables, drafts, KEPT_ZONED if zoned else KEPT)
+    keep = KEPT_ZONED if len({c.zone for c in tables.classes}) >= 2 else KEPT
+
+    def placed(idle: bool) -> list[Candidate]:
+        if idle:
+            swept = _swept_best_first(ctx, heapq.merge(
+                *(_least(ctx, subset, best_tp, per_param, idle=True)
+                  for subset in _subsets(tables)), key=lambda grid: grid.estimate_s), IDLE_CELLS)
+        else:
+            swept = (found for subset in _subsets(tables)
+                     for found in _swept_within(ctx, _least(ctx, subset, best_tp, per_param),
+                                                budget))
+        drafts = (replicas_draft(tables, template, grid.replicas, "identical pipelines through "
+                                 + ", ".join(dict.fromkeys(s.gpu_type for s in template.stages))
+                                 + (", some GPUs of a class idle" if idle else ""))
+                  for grid, template in swept)
+        return best_realized(tables, drafts, keep)
+
+    return GridFamilies(even=placed(idle=False), with_idle=placed(idle=True) if small_fleet else [])
 
 
 def _best_tp(tables: ScenarioTables, templates: Sequence[PipelineTemplate], *,
@@ -228,13 +261,26 @@ def _swept_within(ctx: TemplateContext, ranked: Iterator[_Grid], budget: float
         yield from ((grid, template) for template in found)
 
 
+def _swept_best_first(ctx: TemplateContext, ranked: Iterator[_Grid], budget: float
+                      ) -> Iterator[tuple[_Grid, PipelineTemplate]]:
+    """The pipelines of `ranked`'s structures while their sweeps cover at most `budget`
+    cells in all."""
+    cells = 0
+    for grid in ranked:
+        cells += ctx.tables.num_layers * sum(grid.stages) * len(_class_orders(ctx.tables, grid))
+        if cells > budget:
+            return
+        yield from ((grid, template) for template in _swept(ctx, grid))
+
+
 def _least(ctx: TemplateContext, subset: tuple[ResourceClass, ...],
-           best_tp: dict[tuple[ClassKey, int], list[int]], per_param: np.ndarray
-           ) -> Iterator[_Grid]:
+           best_tp: dict[tuple[ClassKey, int], list[int]], per_param: np.ndarray, *,
+           idle: bool = False) -> Iterator[_Grid]:
     """The grids of `subset`, least estimated iteration first: every micro-batch size, tp
     per class among its best, and replica count n that splits every class's stages evenly
-    and leaves each replica a micro-batch (timed at the most micro-batches a replica gets),
-    at most one stage per layer.
+    (with `idle`, instead, every n that leaves some class fewer than n stages over, idle:
+    a class of 17 nodes splits evenly 17 ways only) and leaves each replica a micro-batch
+    (timed at the most micro-batches a replica gets), at most one stage per layer.
 
     The estimate balances the stages by speed (each takes the same time t, so a class's
     stages hold t / (its whole-model time) of the model each) for the fill, and times
@@ -269,12 +315,14 @@ def _least(ctx: TemplateContext, subset: tuple[ResourceClass, ...],
             [float(tables.points[(c.gpu_type, b, tp)].compute_s[-1]) for tp in tp_options]
             for c, tp_options in zip(subset, options, strict=True)])))
         n = np.arange(1, int(slots.min(axis=1).max()) + 1)  # (counts,)
-        # Counts that split every class's stages evenly and leave each replica a
-        # micro-batch, per choice: each class's options tested once, then gathered.
+        # Counts that split every class's stages evenly (or, with `idle`, do not) and leave
+        # each replica a micro-batch, per choice: each class's options tested once, then
+        # gathered.
         which = np.array(list(itertools.product(*[range(len(o)) for o in options])))
-        valid = np.broadcast_to(n * b <= batch, (len(tps), len(n)))
+        even = np.ones((len(tps), len(n)), dtype=bool)
         for c, divisible in enumerate(slot_options):
-            valid = valid & (divisible[:, None] % n[None, :] == 0)[which[:, c]]
+            even = even & (divisible[:, None] % n[None, :] == 0)[which[:, c]]
+        valid = (n * b <= batch) & (~even if idle else even)
         choice, count = np.nonzero(valid)  # row-major: ties keep this order below
         stages = slots[choice] // n[count][:, None]  # (structures, classes)
         depth = stages.sum(axis=1)
@@ -314,10 +362,10 @@ def _least(ctx: TemplateContext, subset: tuple[ResourceClass, ...],
     heaviest: list[Callable[[np.ndarray], np.ndarray]] = [
         functools.partial(_heaviest_per_class, ctx, subset, every, rooms),
         functools.partial(_heaviest_stage, ctx, subset, every, rooms)]
-    for r in _by_whole_layers(every, heaviest):
+    for estimate_s, r in _by_whole_layers(every, heaviest):
         yield _Grid(classes=subset, micro_batch=int(every.micro_batch[r]),
                     tp=tuple(int(tp) for tp in every.tps[r]), replicas=int(every.counts[r]),
-                    stages=tuple(int(x) for x in every.stages[r]))
+                    stages=tuple(int(x) for x in every.stages[r]), estimate_s=estimate_s)
 
 
 def _heaviest_per_class(ctx: TemplateContext, subset: tuple[ResourceClass, ...],
@@ -545,9 +593,9 @@ class _Estimates:
     """Micro-batches after the first, each waiting for the heaviest stage."""
 
 
-def _by_whole_layers(estimates: _Estimates,
-                     heaviest: Sequence[Callable[[np.ndarray], np.ndarray]]) -> Iterator[int]:
-    """Rows in order of their estimate with whole layers: the fill runs through balanced
+def _by_whole_layers(estimates: _Estimates, heaviest: Sequence[Callable[[np.ndarray], np.ndarray]]
+                     ) -> Iterator[tuple[float, int]]:
+    """(estimate, row) in order of the estimate with whole layers: the fill runs through balanced
     stages, but every further micro-batch waits for the heaviest stage, which whole layers,
     memory and links may not balance (24 stages over 34 layers: twice the balanced time).
     `heaviest` estimates that stage for some rows, each estimate at least the one before it
@@ -568,7 +616,7 @@ def _by_whole_layers(estimates: _Estimates,
                                               order.tolist(), strict=True)
     for slowest in heaviest:
         ranked = _refined(ranked, functools.partial(total, slowest))
-    return (row for _, row in ranked)
+    return ranked
 
 
 def _refined(ranked: Iterator[tuple[float, int]], refine: Callable[[np.ndarray], np.ndarray]

@@ -66,7 +66,7 @@ def _check_candidates_cross_from_the_child_unbuilt() -> None:
     with Aside(functools.partial(_beside_and_pid, scenario, tables), fork=True) as aside:
         pid, crossed = aside.result()
     assert aside.forked and pid != os.getpid()  # found in the child, not redone here
-    crossed_grids = crossed.grids
+    crossed_grids = [*crossed.grids.even, *crossed.grids.with_idle]
     assert all("plan" not in vars(c) for c in crossed_grids)  # none judged there: unbuilt
     here = api._beside(scenario, tables, launchers=True)
     assert crossed.launchers is not None and here.launchers is not None
@@ -74,7 +74,7 @@ def _check_candidates_cross_from_the_child_unbuilt() -> None:
         (crossed.launchers[name], here.launchers[name]) for name in here.launchers]
     pairs = ([(a, b) for there, local in judged for (a, _), (b, _) in zip(there, local,
                                                                             strict=True)]
-             + list(zip(crossed_grids, here.grids, strict=True)))
+             + list(zip(crossed_grids, [*here.grids.even, *here.grids.with_idle], strict=True)))
     assert pairs
     for there, local in pairs:
         assert there.quick_s == local.quick_s and there.origin == local.origin

@@ -90,29 +90,30 @@ def test_a_pipeline_through_three_types_split_by_speed_is_found_without_enumerat
 @pytest.mark.parametrize("batch", [64, 63])
 def test_grid_candidates_are_valid_plans_of_identical_replicas(batch: int) -> None:
     """Replicas share their stages and micro-batch size; where their count does not divide
-    the batch (63 samples), their micro-batch counts differ by one at most."""
+    the batch (63 samples; or counts that leave GPUs idle, such as 3 replicas of these
+    classes' 8 GPUs), their micro-batch counts differ by one at most."""
     scenario = parse_scenario(memory_bound({"X": 6, "Y": 4, "Z": 2}, batch=batch))
-    found = grids.grid_candidates(compile_tables(scenario))
-    assert found
-    uneven = 0
-    for candidate in found:
+    families = grids.grid_candidates(compile_tables(scenario))
+    assert families.even and families.with_idle
+    for candidate in [*families.even, *families.with_idle]:
         pipelines = candidate.plan.pipelines
         shapes = {(p.micro_batch_size, tuple((s.gpu_type, s.tp, tuple(s.layers))
                                              for s in p.stages)) for p in pipelines}
         assert len(shapes) == 1, "replicas differ"
         counts = [p.num_micro_batches for p in pipelines]
         assert max(counts) - min(counts) <= 1
-        uneven += max(counts) > min(counts)
         assert sum(p.micro_batch_size * p.num_micro_batches for p in pipelines) == batch
         assert evaluate(scenario, candidate.plan).valid
+    uneven = [c for c in families.even
+              if len({p.num_micro_batches for p in c.plan.pipelines}) > 1]
     assert uneven if batch % 2 else not uneven
 
 
 @settings(max_examples=25, deadline=None)
 @given(counts=st.tuples(*[st.integers(1, 6)] * 3), gpus=st.sampled_from([4, 6, 8, 12]),
-       batch=st.sampled_from([24, 45, 48, 64, 96]))
-def test_grids_are_the_structures_that_split_every_class_evenly(
-        counts: tuple[int, int, int], gpus: int, batch: int) -> None:
+       batch=st.sampled_from([24, 45, 48, 64, 96]), idle=st.booleans())
+def test_grids_are_the_structures_that_split_every_class_evenly_or_leave_some_idle(
+        counts: tuple[int, int, int], gpus: int, batch: int, idle: bool) -> None:
     doc = memory_bound(dict(zip("XYZ", counts, strict=True)), gpus=gpus, batch=batch)
     tables = compile_tables(parse_scenario(doc))
     ctx = TemplateContext(tables, tables.scenario.job.schedule)
@@ -120,20 +121,23 @@ def test_grids_are_the_structures_that_split_every_class_evenly(
     for subset in grids._subsets(tables):
         per_param = np.array([state_bytes_per_param(tables.scenario, n).total
                               for n in range(1, gpus + 1)])
-        found = list(grids._least(ctx, subset, best_tp, per_param))
+        found = list(grids._least(ctx, subset, best_tp, per_param, idle=idle))
         shapes = {(g.replicas, g.stages) for g in found}
         assert len(shapes) == len(found)
-        # Every count n that splits each class's GPUs, with a micro-batch for each replica
-        # and at most a stage per layer; those whose average stage (12 / depth layers, the
-        # types being equally fast) fits on every type of the subset are all there.
+        # Every count n that splits each class's GPUs (with `idle`: every count that does
+        # not, each replica a stage of each class at least), with a micro-batch for each
+        # replica and at most a stage per layer; those whose average stage (12 / depth
+        # layers, the types being equally fast) fits on every type of the subset are all
+        # there.
         possible = {(n, (gpus // n,) * len(subset)) for n in range(1, gpus + 1)
-                    if gpus % n == 0 and n <= batch and len(subset) * (gpus // n) <= 12}
+                    if (gpus % n != 0) == idle and n <= batch and len(subset) * (gpus // n) <= 12}
         assert shapes <= possible
         room = min(counts["XYZ".index(c.gpu_type)] for c in subset)
         assert {(n, s) for n, s in possible if 12 / sum(s) <= room} <= shapes
         for grid in found:
             for cls, tp, stages in zip(grid.classes, grid.tp, grid.stages, strict=True):
-                assert grid.replicas * stages * tp == cls.num_gpus
+                used = grid.replicas * stages * tp
+                assert used == cls.num_gpus if not idle else cls.num_gpus - grid.replicas < used
     assert len(grids._subsets(tables)) == 4  # all three types, and each pair
 
 
@@ -203,9 +207,11 @@ def test_structures_come_in_order_of_their_whole_layer_estimate(seed: int, rows:
     corrected = estimates.balanced_s + steady * np.maximum(
         0, np.where(possible, heaviest, 0) - step_s)
     expected = [r for r in np.argsort(corrected, kind="stable").tolist() if possible[r]]
-    found = list(grids._by_whole_layers(estimates, [first.__getitem__, heaviest.__getitem__]))
+    given = list(grids._by_whole_layers(estimates, [first.__getitem__, heaviest.__getitem__]))
+    found = [r for _, r in given]
     # Ties may come in another order: compare the estimates.
     assert [corrected[r] for r in found] == [corrected[r] for r in expected]
+    assert [key for key, _ in given] == pytest.approx([corrected[r] for r in found])
     assert sorted(found) == sorted(expected)
 
 

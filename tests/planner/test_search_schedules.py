@@ -284,7 +284,8 @@ def test_every_candidate_source_builds_within_the_block_cap(max_blocks: int) -> 
     def depths(tables: Any) -> set[int]:
         templates = generate_templates(tables, Schedule.LOCAL)
         candidates = [*per_type_candidates(tables),
-                      *grid_candidates(tables),
+                      *grid_candidates(tables).even,
+                      *grid_candidates(tables).with_idle,
                       *(c for group in launcher_baselines(tables).values() for c in group)]
         return ({t.num_stages for t in templates}
                 | {len(p.stages) for c in candidates for p in c.plan.pipelines})
