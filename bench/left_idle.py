@@ -3,9 +3,9 @@ fleet, laid on the whole fleet.
 
 For each input, each GPU type is left out in turn and, on inputs of several zones, each
 zone is kept alone (its nodes only, no inter-zone link); with --nodes, instead, one node of
-each kind (GPU type, zone, size, interfaces) is left out in turn; that part is planned by the default
-search, and its plan, valid on the whole fleet with the rest idle, is judged there. A part's
-plan faster than the search's own is a plan the search missed.
+each kind (GPU type, zone, size, interfaces) is left out in turn; that part is planned by the
+default search, and its plan, valid on the whole fleet with the rest idle, is judged there. A
+part's plan faster than the search's own is a plan the search missed.
 
 Inputs: the shared measured and generated scenarios, then `bench/perturbed.py`'s draws of
 each seed given.
@@ -26,6 +26,7 @@ from typing import Any
 
 from perturbed import laid_down, perturbed
 from plan_quality import SETS
+from pods import node_kinds
 
 from planner import SearchOptions, evaluate, parse_scenario, plan
 
@@ -51,16 +52,12 @@ def parts(doc: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
 def less_one_node(doc: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
     """(what is kept, the scenario of that part) for one node of each kind left out, where
     the kind keeps a node."""
-    nodes = doc["cluster"]["nodes"]
-    kinds: dict[str, list[str]] = {}
-    for node in nodes:
-        kinds.setdefault(json.dumps({k: v for k, v in node.items() if k != "name"},
-                                    sort_keys=True), []).append(node["name"])
-    for names in kinds.values():
-        if len(names) >= 2:
+    for kind in node_kinds(doc).values():
+        if len(kind) >= 2:
+            left = kind[-1]["name"]
             part = json.loads(json.dumps(doc))
-            part["cluster"]["nodes"] = [n for n in nodes if n["name"] != names[-1]]
-            yield f"without node {names[-1]}", part
+            part["cluster"]["nodes"] = [n for n in doc["cluster"]["nodes"] if n["name"] != left]
+            yield f"without node {left}", part
 
 
 def part_rate(doc: dict[str, Any], part: dict[str, Any], time_limit_s: float) -> float:

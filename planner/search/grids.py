@@ -176,8 +176,9 @@ def grid_candidates(tables: ScenarioTables) -> GridFamilies:
 def _best_tp(tables: ScenarioTables, templates: Sequence[PipelineTemplate], *,
              per_class: int = TP_PER_CLASS) -> dict[tuple[ClassKey, int], list[int]]:
     """Per class and micro-batch size, `per_class` tp: those of its fastest homogeneous
-    pipelines per GPU, then those of least compute per sample. A class too small or too memory-poor to hold
-    the model alone at some tp (or at any) may still hold a grid's few layers there: the
+    pipelines per GPU, then those of least compute per sample. A class too small or too
+    memory-poor to hold the model alone at some tp (or at any) may still hold a grid's few
+    layers there: the
     T4s of a perturbed GPT-2.7B input fit homogeneous pipelines at micro-batch 2 only at tp
     4 (a deep pipeline's first stages hold many micro-batches' activations), yet the best
     grid ends in a T4 at tp 1; offered tp 4 alone, its 320-GPU plan was 8% slower than its
@@ -251,8 +252,7 @@ def _swept_within(ctx: TemplateContext, ranked: Iterator[_Grid], budget: float
     cells = 0
     for grid in ranked:
         if kept >= SWEPT or failed >= SWEPT:
-            cells += ctx.tables.num_layers * sum(grid.stages) * len(_class_orders(ctx.tables,
-                                                                               grid))
+            cells += _sweep_cells(ctx, grid)
             if cells > budget:
                 return
         found = list(_swept(ctx, grid))
@@ -261,13 +261,18 @@ def _swept_within(ctx: TemplateContext, ranked: Iterator[_Grid], budget: float
         yield from ((grid, template) for template in found)
 
 
+def _sweep_cells(ctx: TemplateContext, grid: _Grid) -> int:
+    """What sweeping `grid` covers: layers x stages x orders of its classes."""
+    return ctx.tables.num_layers * sum(grid.stages) * len(_class_orders(ctx.tables, grid))
+
+
 def _swept_best_first(ctx: TemplateContext, ranked: Iterator[_Grid], budget: float
                       ) -> Iterator[tuple[_Grid, PipelineTemplate]]:
     """The pipelines of `ranked`'s structures while their sweeps cover at most `budget`
     cells in all."""
     cells = 0
     for grid in ranked:
-        cells += ctx.tables.num_layers * sum(grid.stages) * len(_class_orders(ctx.tables, grid))
+        cells += _sweep_cells(ctx, grid)
         if cells > budget:
             return
         yield from ((grid, template) for template in _swept(ctx, grid))
