@@ -64,7 +64,7 @@ UNTIMED_MARGIN = 3.3
 def untimed_s(scenario: planner.Scenario) -> float:
     """About how long the search's untimed steps take on a scenario of this size, beyond
     the start every search pays."""
-    gpus = sum(node.gpus for node in scenario.cluster.nodes)
+    gpus = scenario.cluster.num_gpus
     layers = len(scenario.model.layers)
     return UNTIMED_S_PER_GPU * gpus + UNTIMED_S_PER_LAYER_PAIR * layers * layers
 

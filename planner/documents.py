@@ -106,6 +106,11 @@ class Cluster(_Document):
     inter_node: Link
     inter_zone: list[ZoneLink] = Field(default_factory=list)
 
+    @property
+    def num_gpus(self) -> int:
+        """GPUs on all nodes, used or not."""
+        return sum(node.gpus for node in self.nodes)
+
 
 class LayerKind(_Document):
     params: int = Field(ge=0, le=10**13)

@@ -471,7 +471,7 @@ def _row(name: str, fleet: Fleet, outcome: FleetOutcome, base: WhatIfRow | None)
         usd_per_hour_change=None if base is None else _relative(usd, base.usd_per_hour),
         usd_per_million_tokens_change=None if base is None
         else _relative(per_token, base.usd_per_million_tokens),
-        num_gpus=sum(n.gpus for n in fleet.scenario.cluster.nodes),
+        num_gpus=fleet.scenario.cluster.num_gpus,
         errors=[] if outcome.error is None else [outcome.error])
 
 

@@ -111,7 +111,7 @@ def check_size(scenario: planner.Scenario, settings: Settings) -> None:
     """`ScenarioTooLarge` naming the limit when `scenario` has more layers or GPUs than the
     server plans: checked before any search, whose memory grows with layers x layers."""
     layers = len(scenario.model.layers)
-    gpus = sum(node.gpus for node in scenario.cluster.nodes)
+    gpus = scenario.cluster.num_gpus
     problems = []
     if layers > settings.max_plan_layers:
         problems.append(Problem(path="model.layers", value=layers, message=(

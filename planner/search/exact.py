@@ -113,7 +113,7 @@ def exact_optimum(
 
 def check_size(scenario: Scenario) -> None:
     """Refuse, naming the limit, a scenario too large to enumerate."""
-    gpus = sum(n.gpus for n in scenario.cluster.nodes)
+    gpus = scenario.cluster.num_gpus
     layers = len(scenario.model.layers)
     zones = {n.zone for n in scenario.cluster.nodes if n.zone is not None}
     if gpus > MAX_GPUS:

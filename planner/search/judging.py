@@ -192,7 +192,7 @@ def judge(
     best_eval: Evaluation | None = None
     if valid:
         valid.sort(key=lambda v: v[0])
-        num_gpus = sum(node.gpus for node in scenario.cluster.nodes)
+        num_gpus = scenario.cluster.num_gpus
         for _, candidate, evaluation in worth_polishing(valid, num_gpus):
             # Each try evaluates the whole plan: never more than a share of the time so far.
             polished = polish_plan(
