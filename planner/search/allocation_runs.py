@@ -36,33 +36,52 @@ def allocation_candidates(
     """Placed drafts of the allocations found over `templates` (best `2 * finalists`), and
     whether every run over all of them was proven within its own model. At most half the
     time limit from `started` goes to these runs; `threads` chains are solved at once."""
-    drafts: list[Draft | None] = []
-    seen: set[tuple[tuple[int, int], ...]] = set()
-
-    def add_drafts(found: Allocation, subset: list[PipelineTemplate], cap: int | None,
-                   note: str = "") -> None:
-        for counts in found.visited:
-            key = tuple(sorted((id(subset[k]), n) for k, n in counts.items()))
-            if key in seen:  # caps and subsets often lead to the same allocation
-                continue
-            seen.add(key)
-            pipelines = [subset[k] for k, n in sorted(counts.items()) for _ in range(n)]
-            drafts.append(draft(tables, pipelines, f"CP-SAT allocation, cap {cap}{note}"))
-
     if not templates:
         return [], False
     budget = max(time_limit_s * 0.5, 0.05)
+    book = _DraftBook(tables)
     # The run over every template, without a cap, also gives its runners-up (on the
     # inputs measured, those of the other runs found no plan the grids did not).
     free = allocate(tables, templates, max_pipelines=None, time_limit_s=budget / 4,
                     num_workers=num_workers, runners_up=RUNNERS_UP)
     if free is None:
         return [], False
-    add_drafts(free, templates, None)
-    proven = free.proven
+    book.add(free, templates, None)
     num_free = sum(free.counts.values())
-    # Caps on the pipeline count trade data parallelism for shorter sync rings; caps far
-    # below the free optimum would leave most GPUs idle.
+    caps = _pipeline_caps(num_free)
+    runs, proving = _planned_runs(tables, templates, caps, num_free)
+    chains = _Chains(tables, runs, started=started, budget_s=budget,
+                     run_limit_s=budget / (4 * len(caps)), num_workers=num_workers,
+                     num_free=num_free)
+    runs_proven = chains.solve_all(book, threads=threads, proving=proving, report=report)
+    return best_realized(tables, book.drafts, 2 * finalists), free.proven and runs_proven
+
+
+class _DraftBook:
+    """A draft of every allocation met, each once: caps and subsets often lead to the same
+    allocation."""
+
+    def __init__(self, tables: ScenarioTables) -> None:
+        self.tables = tables
+        self.drafts: list[Draft | None] = []
+        self._seen: set[tuple[tuple[int, int], ...]] = set()
+
+    def add(self, found: Allocation, subset: list[PipelineTemplate], cap: int | None,
+            note: str = "") -> None:
+        """Every allocation `found` visited (counts over `subset`) not met before."""
+        for counts in found.visited:
+            key = tuple(sorted((id(subset[k]), n) for k, n in counts.items()))
+            if key in self._seen:
+                continue
+            self._seen.add(key)
+            pipelines = [subset[k] for k, n in sorted(counts.items()) for _ in range(n)]
+            self.drafts.append(draft(self.tables, pipelines, f"CP-SAT allocation, cap {cap}{note}"))
+
+
+def _pipeline_caps(num_free: int) -> list[int | None]:
+    """No cap, then caps on the pipeline count, powers of two below the free run's count
+    `num_free`: they trade data parallelism for shorter sync rings, and caps far below the
+    free optimum (an eighth of it or less) would leave most GPUs idle."""
     caps: list[int | None] = [None]
     cap = 1
     while cap * 8 < num_free:
@@ -70,6 +89,13 @@ def allocation_candidates(
     while cap < num_free:
         caps.append(cap)
         cap *= 2
+    return caps
+
+
+def _planned_runs(tables: ScenarioTables, templates: list[PipelineTemplate],
+                  caps: list[int | None], num_free: int) -> tuple[list[_Run], int]:
+    """The runs after the free one, and how many of them, the first, bear on whether the
+    allocation is proven (the rest only look for plans)."""
     # Runs of each sync threshold's rank form a chain, looser caps first: each starts from
     # the allocation of the one before it where that fits (on the inputs measured, tight caps
     # and sync subsets often end where a looser run did). The free run heads no chain: it
@@ -80,7 +106,7 @@ def allocation_candidates(
         subsets = _sync_filtered(templates, cap_value or num_free)
         for rank, (threshold, subset) in enumerate(subsets):
             if cap_value is None and len(subset) == len(templates):
-                continue  # the free run, solved above
+                continue  # the free run, solved already
             runs.append(_Run(cap=cap_value, subset=subset, threshold=threshold,
                              offered=templates, after=last_of_rank.get(len(subsets) - 1 - rank)))
             last_of_rank[len(subsets) - 1 - rank] = len(runs) - 1
@@ -100,24 +126,70 @@ def allocation_candidates(
              for threshold, subset in _sync_filtered(confined, num_free)[:2]]
     runs += [_Run(cap=cap_value, subset=confined, threshold=None, offered=confined, after=None)
              for confined in confined_sets for cap_value in caps[1:]]
-    futures: list[Future[list[_Found]]] = []
+    return runs, proving
 
-    def solve(run: _Run) -> list[_Found]:
+
+class _Chains:
+    """The runs after the free one, solved side by side: chains, not runs, are independent
+    (each chained run starts from the allocation the run before it ended at), and CP-SAT
+    releases the GIL while it solves. Results are taken in a fixed order, so the plan does
+    not depend on timing."""
+
+    def __init__(self, tables: ScenarioTables, runs: list[_Run], *, started: float,
+                 budget_s: float, run_limit_s: float, num_workers: int, num_free: int) -> None:
+        self.tables = tables
+        self.runs = runs
+        self.started = started
+        self.budget_s = budget_s
+        self.run_limit_s = run_limit_s
+        self.num_workers = num_workers
+        self.num_free = num_free
+        self._futures: list[Future[list[_Found]]] = []
+
+    def solve_all(self, book: _DraftBook, *, threads: int, proving: int,
+                  report: Callable[[float, str], None]) -> bool:
+        """Every run's allocations into `book`; whether the first `proving` runs were all
+        proven (a run out of time proves nothing)."""
+        proven = True
+        with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+            for run in self.runs:
+                self._futures.append(pool.submit(self._solve, run))
+            try:
+                for done, (run, future) in enumerate(zip(self.runs, self._futures, strict=True)):
+                    # A progress callback may raise to cancel: report often enough for that.
+                    report(0.3 + 0.4 * done / len(self.runs),
+                           f"allocating with at most {run.cap or self.num_free} pipelines")
+                    try:
+                        found = future.result()
+                    except TimeoutError:
+                        proven = proven and done >= proving
+                        continue
+                    if found:
+                        proven = proven and (found[0].allocation.proven or done >= proving)
+                    for allocation, subset, at in found:
+                        book.add(allocation, subset, run.cap, "" if at is None else (
+                            f", sync threshold at {at} pipelines"))
+            finally:
+                for future in self._futures:
+                    future.cancel()
+        return proven
+
+    def _solve(self, run: _Run) -> list[_Found]:
         """The run's allocation, then, where it uses fewer pipelines than its threshold was
         set for, the allocation over the templates whose rings stay under the threshold at
         the count it uses (started from the first)."""
         found: list[_Found] = []
-        subset, seed = run.subset, _seed(run.subset, *ended_before(run.after))
-        num_pipelines = run.cap or num_free
+        subset, seed = run.subset, _seed(run.subset, *self._ended_before(run.after))
+        num_pipelines = run.cap or self.num_free
         at: int | None = None
         for _ in range(2):
-            if time.monotonic() - started > budget:
+            if time.monotonic() - self.started > self.budget_s:
                 if found:
                     break
                 raise TimeoutError
-            allocation = allocate(tables, subset, max_pipelines=run.cap,
-                                  time_limit_s=budget / (4 * len(caps)),
-                                  num_workers=num_workers, seed=seed)
+            allocation = allocate(self.tables, subset, max_pipelines=run.cap,
+                                  time_limit_s=self.run_limit_s,
+                                  num_workers=self.num_workers, seed=seed)
             if allocation is None:
                 break
             if found:
@@ -139,40 +211,16 @@ def allocation_candidates(
             subset, num_pipelines, at = wider, used, used
         return found
 
-    def ended_before(after: int | None) -> tuple[list[PipelineTemplate], Allocation | None]:
+    def _ended_before(self, after: int | None
+                      ) -> tuple[list[PipelineTemplate], Allocation | None]:
         """The templates and allocation of the run a chained run starts from."""
         if after is None:
             return [], None
         try:  # submitted before this one: running or done, never waiting behind it
-            found = futures[after].result()
+            found = self._futures[after].result()
         except TimeoutError:
             return [], None
         return (found[-1].subset, found[-1].allocation) if found else ([], None)
-
-    # Chains are independent and CP-SAT releases the GIL while it solves: solve them side
-    # by side, and take their results in a fixed order, so the plan does not depend on timing.
-    with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
-        for run in runs:
-            futures.append(pool.submit(solve, run))
-        try:
-            for done, (run, future) in enumerate(zip(runs, futures, strict=True)):
-                # A progress callback may raise to cancel: report often enough for that.
-                report(0.3 + 0.4 * done / len(runs),
-                       f"allocating with at most {run.cap or num_free} pipelines")
-                try:
-                    found = future.result()
-                except TimeoutError:
-                    proven = proven and done >= proving
-                    continue
-                if found:
-                    proven = proven and (found[0].allocation.proven or done >= proving)
-                for allocation, subset, at in found:
-                    add_drafts(allocation, subset, run.cap, "" if at is None else (
-                        f", sync threshold at {at} pipelines"))
-        finally:
-            for future in futures:
-                future.cancel()
-    return best_realized(tables, drafts, 2 * finalists), proven
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -59,7 +59,7 @@ from planner.search.schedules import (
     schedule_variants,
 )
 from planner.search.tables import ScenarioTables, compile_tables
-from planner.search.templates import generate_templates
+from planner.search.templates import PipelineTemplate, generate_templates
 from planner.space_bound import SpaceBound, space_bound
 
 __all__ = ["PlanStatus", "SearchOptions", "PlanResult", "plan"]
@@ -228,17 +228,7 @@ def _searched(
     """The search proper, the baselines running beside it."""
     local = scenario.job.schedule is Schedule.LOCAL
     report(0.05, "building pipeline templates")
-    templates = generate_templates(tables, searched.job.schedule)
-    if searched.job.zero_stage >= 1:
-        # Sharded state fits deeper into memory once there are several pipelines: a second
-        # pass sizes homogeneous pipelines for eight (the two-segment ones stay sized for
-        # one, valid at any count; sharded copies of them changed no plan and doubled the
-        # templates). Splits that memory did not bind come out the same: kept once.
-        known = {t.signature for t in templates}
-        templates += [t for t in generate_templates(tables, searched.job.schedule,
-                                                    num_pipelines_hint=8, two_segment=False)
-                      if t.signature not in known]
-    templates = pareto(prune(templates), [c.key for c in tables.classes], num_pipelines=8)
+    templates = _offered_templates(tables, searched)
     report(0.3, f"allocating GPUs over {len(templates)} pipeline templates")
     # A forked child runs the per-type baseline on a core of its own: allocation threads
     # beyond the cores left only take turns with it (on 2 cores, one thread is 3-9% faster
@@ -342,6 +332,23 @@ def _searched(
     report(1.0, "done")
     return PlanResult(plan=document, evaluation=evaluation, status=status, wall_s=wall_s,
                       unused_gpus=unused, baselines=baseline_rates)
+
+
+def _offered_templates(tables: ScenarioTables, searched: Scenario) -> list[PipelineTemplate]:
+    """The pipeline templates the allocation and the replicas choose from: of those using
+    the same GPUs, the few of best throughput, and of those, the ones no other template of
+    their micro-batch size beats on GPUs of every class, rate, fill and sync."""
+    templates = generate_templates(tables, searched.job.schedule)
+    if searched.job.zero_stage >= 1:
+        # Sharded state fits deeper into memory once there are several pipelines: a second
+        # pass sizes homogeneous pipelines for eight (the two-segment ones stay sized for
+        # one, valid at any count; sharded copies of them changed no plan and doubled the
+        # templates). Splits that memory did not bind come out the same: kept once.
+        known = {t.signature for t in templates}
+        templates += [t for t in generate_templates(tables, searched.job.schedule,
+                                                    num_pipelines_hint=8, two_segment=False)
+                      if t.signature not in known]
+    return pareto(prune(templates), [c.key for c in tables.classes], num_pipelines=8)
 
 
 @dataclass
