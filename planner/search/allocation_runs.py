@@ -11,7 +11,7 @@ import itertools
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from planner.search.allocate import RUNNERS_UP, Allocation, allocate
@@ -50,7 +50,7 @@ def allocation_candidates(
     num_free = sum(free.counts.values())
     caps = _pipeline_caps(num_free)
     runs, proving = _planned_runs(tables, templates, caps, num_free)
-    chains = _Chains(tables, runs, started=started, budget_s=budget,
+    chains = _Chains(tables=tables, runs=runs, started=started, budget_s=budget,
                      run_limit_s=budget / (4 * len(caps)), num_workers=num_workers,
                      num_free=num_free)
     runs_proven = chains.solve_all(book, threads=threads, proving=proving, report=report)
@@ -129,22 +129,24 @@ def _planned_runs(tables: ScenarioTables, templates: list[PipelineTemplate],
     return runs, proving
 
 
+@dataclass(kw_only=True)
 class _Chains:
     """The runs after the free one, solved side by side: chains, not runs, are independent
     (each chained run starts from the allocation the run before it ended at), and CP-SAT
     releases the GIL while it solves. Results are taken in a fixed order, so the plan does
     not depend on timing."""
 
-    def __init__(self, tables: ScenarioTables, runs: list[_Run], *, started: float,
-                 budget_s: float, run_limit_s: float, num_workers: int, num_free: int) -> None:
-        self.tables = tables
-        self.runs = runs
-        self.started = started
-        self.budget_s = budget_s
-        self.run_limit_s = run_limit_s
-        self.num_workers = num_workers
-        self.num_free = num_free
-        self._futures: list[Future[list[_Found]]] = []
+    tables: ScenarioTables
+    runs: list[_Run]
+    started: float
+    budget_s: float
+    """Seconds from `started` after which no run starts another allocation."""
+    run_limit_s: float
+    """Each allocation's own time limit."""
+    num_workers: int
+    num_free: int
+    """Pipelines of the free run: the count a run without a cap is set for."""
+    _futures: list[Future[list[_Found]]] = field(default_factory=list, init=False)
 
     def solve_all(self, book: _DraftBook, *, threads: int, proving: int,
                   report: Callable[[float, str], None]) -> bool:
