@@ -12,9 +12,10 @@ homogeneous pipelines use at the micro-batch size, then those of least compute p
 for every replica count that splits every class evenly and leaves each replica a
 micro-batch (the shares of the batch differing by one micro-batch where the count does not
 divide it: counts dividing the batch alone were few on large fleets, none at 4,080 GPUs of
-the benchmark inputs). On fleets of up to 256 GPUs, the counts that leave some class fewer
-stages over than replicas, idle, are a family of their own (a class of 17 nodes splits
-evenly 17 ways only), swept within a budget of their own (IDLE_CELLS).
+the benchmark inputs). On fleets of up to 256 GPUs, and of up to 512 with at most four
+classes, the counts that leave some class fewer stages over than replicas, idle, are a
+family of their own (a class of 17 nodes splits evenly 17 ways only), swept within a budget
+of their own (IDLE_CELLS).
 
 Those structures are many (subsets x micro-batch sizes x tp per class x counts, then
 orders of the classes), and each needs a layer DP: each is first estimated in closed form
@@ -109,6 +110,19 @@ Swept as the even grids are (SWEPT and SWEPT_CELLS per subset), they found no mo
 held-out inputs and made the six-type 130-layer input at 240 GPUs plan 60% longer; the
 subsets taken in turn, first structures first, missed a fleet's zone alone (its part's plan
 2.8% faster than the whole fleet's)."""
+IDLE_CELLS_LARGE_FLEET = 16384
+"""IDLE_CELLS past SWEPT_CELLS_FULL_UP_TO GPUs (where `_widened`)."""
+FEW_CLASSES = 4
+"""Past SWEPT_CELLS_FULL_UP_TO GPUs and up to FEW_CLASSES_UP_TO, fleets of at most this many
+classes still get the grids that leave GPUs idle and the wider set of class orders. Their
+structures are few (each class multiplies them by its tp options and counts): on three
+held-out inputs of 320-480 GPUs these found plans 6-19% faster for 0.0-0.1 s; on the
+six-class timing input at 512 GPUs the idle grids' closed form alone took 0.13 s and found
+none, and the orders cost 0.16 s."""
+FEW_CLASSES_UP_TO = 512
+"""Past this many GPUs, FEW_CLASSES no longer widens the grids: the idle grids' closed form
+checks memory for every replica count, and at 4,096 GPUs that took the three-class timing
+input's forked child 1.2 s more (1.32 -> 2.56 s whole plan, the same plan)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,8 +143,8 @@ class GridFamilies(NamedTuple):
     even: list[Candidate]
     """Replica counts that split every class's stages evenly."""
     with_idle: list[Candidate]
-    """Counts that leave some class a few stages idle (fleets of up to
-    SWEPT_CELLS_FULL_UP_TO GPUs): judged as a family of their own."""
+    """Counts that leave some class a few stages idle (where `_widened`): judged as a family
+    of their own."""
 
 
 def grid_candidates(tables: ScenarioTables) -> GridFamilies:
@@ -159,7 +173,8 @@ def grid_candidates(tables: ScenarioTables) -> GridFamilies:
         if idle:
             swept = _swept_best_first(ctx, heapq.merge(
                 *(_least(ctx, subset, best_tp, per_param, idle=True)
-                  for subset in _subsets(tables)), key=lambda grid: grid.estimate_s), IDLE_CELLS)
+                  for subset in _subsets(tables)), key=lambda grid: grid.estimate_s),
+                IDLE_CELLS if small_fleet else IDLE_CELLS_LARGE_FLEET)
         else:
             swept = (found for subset in _subsets(tables)
                      for found in _swept_within(ctx, _least(ctx, subset, best_tp, per_param),
@@ -170,7 +185,16 @@ def grid_candidates(tables: ScenarioTables) -> GridFamilies:
                   for grid, template in swept)
         return best_realized(tables, drafts, keep)
 
-    return GridFamilies(even=placed(idle=False), with_idle=placed(idle=True) if small_fleet else [])
+    return GridFamilies(even=placed(idle=False),
+                        with_idle=placed(idle=True) if _widened(tables) else [])
+
+
+def _widened(tables: ScenarioTables) -> bool:
+    """Whether the grids leaving GPUs idle and the wider set of class orders are tried: on
+    fleets of up to SWEPT_CELLS_FULL_UP_TO GPUs, and of up to FEW_CLASSES_UP_TO with at most
+    FEW_CLASSES classes."""
+    return tables.num_gpus <= SWEPT_CELLS_FULL_UP_TO or (
+        tables.num_gpus <= FEW_CLASSES_UP_TO and len(tables.classes) <= FEW_CLASSES)
 
 
 def _best_tp(tables: ScenarioTables, templates: Sequence[PipelineTemplate], *,
@@ -700,16 +724,16 @@ def _order_indices(tables: ScenarioTables, classes: Sequence[ResourceClass]
                    ) -> list[tuple[int, ...]]:
     """Orders of `classes` (their indices, front first) that a grid's replicas try: every
     order, or with MAX_ORDERS_FROM classes and more, a few: by memory both ways; where the
-    sweeps are cheap (SWEPT_CELLS_FULL_UP_TO GPUs), also by speed both ways and each class
-    in front of the others in memory order; and, over several zones, zone by zone (memory
-    order within each), the zones both ways."""
+    sweeps are cheap (`_widened`), also by speed both ways and each class in front of the
+    others in memory order; and, over several
+    zones, zone by zone (memory order within each), the zones both ways."""
     count = len(classes)
     if count < MAX_ORDERS_FROM:
         return list(itertools.permutations(range(count)))
     by_memory = tuple(sorted(range(count),
                              key=lambda i: -tables.capacity_bytes[classes[i].gpu_type]))
     orders = [by_memory, by_memory[::-1]]
-    if tables.num_gpus <= SWEPT_CELLS_FULL_UP_TO:
+    if _widened(tables):
         # The front stages hold the most micro-batches in flight, and a class's place sets
         # the links its transfers cross: memory order alone missed grids up to 7.6% faster
         # on held-out inputs of four types or two zones. (On the six-type input at 480 GPUs

@@ -101,3 +101,36 @@ def assert_search_reaches(scenario_doc: dict[str, Any], plan_doc: dict[str, Any]
     assert floor.valid and floor.samples_per_s is not None, floor.errors
     found = search(scenario, SearchOptions(time_limit_s=10)).evaluation.samples_per_s
     assert found is not None and found >= floor.samples_per_s * (1 - 1e-9)
+
+
+def copies(scenario_doc: dict[str, Any], count: int) -> dict[str, Any]:
+    """`count` copies of every node of `scenario_doc` (named `<node>-c<k>`), the batch
+    multiplied to match."""
+    doc = copy.deepcopy(scenario_doc)
+    doc["cluster"]["nodes"] = [dict(node, name=f"{node['name']}-c{k}") for k in range(count)
+                               for node in doc["cluster"]["nodes"]]
+    doc["job"]["global_batch_size"] *= count
+    return doc
+
+
+def searched_plan(scenario_doc: dict[str, Any]) -> dict[str, Any]:
+    """The default search's plan of `scenario_doc` as a document to lay on another fleet:
+    without the estimate and search sections, which describe this one."""
+    found = search(parse_scenario(scenario_doc), SearchOptions(time_limit_s=10)).plan
+    return found.model_dump(mode="json", exclude_none=True, exclude={"estimate", "search"})
+
+
+def laid_down_on_copies(scenario_doc: dict[str, Any], count: int) -> dict[str, Any]:
+    """The default search's plan of `scenario_doc` laid down once on each of `count` copies
+    of its nodes (as `copies` names them): a plan of the larger fleet found another way."""
+    doc = searched_plan(scenario_doc)
+
+    def on_copy(gpu: str, k: int) -> str:
+        node, _, index = gpu.rpartition(":")
+        return f"{node}-c{k}:{index}"
+
+    doc["pipelines"] = [
+        {**pipeline, "stages": [{**stage, "gpus": [on_copy(gpu, k) for gpu in stage["gpus"]]}
+                                for stage in pipeline["stages"]]}
+        for k in range(count) for pipeline in doc["pipelines"]]
+    return doc

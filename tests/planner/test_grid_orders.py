@@ -12,7 +12,7 @@ from typing import Any
 from planner import parse_scenario
 from planner.search import grids
 from planner.search.tables import compile_tables
-from tests.planner.scenarios import assert_search_reaches, with_wan
+from tests.planner.scenarios import assert_search_reaches, copies, laid_down_on_copies, with_wan
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "data" / "scenarios"
 
@@ -72,19 +72,46 @@ def test_four_classes_over_two_zones_are_tried_zone_by_zone_both_ways() -> None:
             c for c in by_memory if c[-1] != first] in orders
 
 
-def test_small_fleets_also_try_speed_order_and_each_class_in_front() -> None:
+def test_small_fleets_and_few_classes_also_try_speed_order_and_each_class_in_front() -> None:
     small = compile_tables(parse_scenario(memtight_two_zones()))
     doc = memtight_two_zones()
     doc["cluster"]["nodes"] = [dict(n, name=f"{n['name']}-{k}") for k in range(8)
-                               for n in doc["cluster"]["nodes"]]  # 320 GPUs
-    large = compile_tables(parse_scenario(doc))
-    for tables in (small, large):
+                               for n in doc["cluster"]["nodes"]]  # 320 GPUs, four classes
+    few = compile_tables(parse_scenario(doc))
+    for node in doc["cluster"]["nodes"][len(doc["cluster"]["nodes"]) // 2:]:
+        if node["zone"] == "a":
+            node["zone"] = "c"  # six classes over three zones
+    many = compile_tables(parse_scenario(doc))
+    assert len(few.classes) == grids.FEW_CLASSES < len(many.classes)
+    for tables in (small, few, many):
         orders = grids._order_indices(tables, tables.classes)
         by_memory = orders[0]
         in_front = {(i, *(j for j in by_memory if j != i)) for i in by_memory}
         zones = 2 + 2  # memory both ways, zone by zone both ways
-        if tables is small:
+        if tables is many:
+            assert len(orders) == zones
+        else:
             assert in_front <= set(orders)
             assert len(orders) > zones + 2
-        else:
-            assert len(orders) == zones
+
+
+def memtight_quarter() -> dict[str, Any]:
+    """A quarter of a two-zone memory-tight fleet: 48 A10s (zone b: 16) and 32 V100-16Gs
+    (zone b: 8), one network interface per node, behind 3 GB/s and 2 ms, batch 512."""
+    doc = json.loads((SCENARIOS / "v16x32-a10x16-llama7b-memtight.json").read_text())
+    nodes = []
+    for gpu_type, per_zone in (("A10-24G", {"a": 8, "b": 4}), ("V100-16G", {"a": 3, "b": 1})):
+        kind = next(n for n in doc["cluster"]["nodes"] if n["gpu_type"] == gpu_type)
+        nodes += [dict(kind, name=f"{gpu_type.lower()}-{zone}{i}", zone=zone, nics=1)
+                  for zone, count in per_zone.items() for i in range(count)]
+    doc["cluster"]["nodes"] = nodes
+    with_wan(doc, gb_per_s=3.0, latency_us=2000.0)
+    doc["job"]["global_batch_size"] = 512
+    return doc
+
+
+def test_a_large_fleet_of_four_classes_tries_every_order_family() -> None:
+    """Past 256 GPUs a fleet of at most four classes still tries speed order and each class
+    in front: four copies of the quarter above (320 GPUs) ran 121.9 samples/s with memory
+    and zone orders alone, the quarter's own plan laid down four times 130.0."""
+    assert_search_reaches(copies(memtight_quarter(), 4), laid_down_on_copies(memtight_quarter(), 4))
