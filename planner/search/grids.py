@@ -557,11 +557,19 @@ def _rooms(ctx: TemplateContext, subset: tuple[ResourceClass, ...], estimates: _
     seen_at[keys.ravel()] = np.arange(keys.size)  # any (row, class) with that key
     rows, classes = np.unravel_index(seen_at[present], tps.shape)
     which = number[keys]
-    found = [(_stage_layers(ctx, subset[c], b, int(tps[r, c]), float(per_param[n - 1])),
-              _layer_times(ctx.tables, subset[c], b, int(tps[r, c])))
-             for r, c, b, n in zip(rows.tolist(), classes.tolist(),
-                                   estimates.micro_batch[rows].tolist(),
-                                   estimates.counts[rows].tolist(), strict=True)]
+    wanted = [(c, b, int(tps[r, c]), float(per_param[n - 1]))
+              for r, c, b, n in zip(rows.tolist(), classes.tolist(),
+                                    estimates.micro_batch[rows].tolist(),
+                                    estimates.counts[rows].tolist(), strict=True)]
+    # Under ZeRO each replica count has its own state share: thousands of rooms on large
+    # fleets, computed a (class, b, tp) at a time for all their shares.
+    shares: dict[tuple[int, int, int], set[float]] = {}
+    for c, b, tp, state in wanted:
+        shares.setdefault((c, b, tp), set()).add(state)
+    for (c, b, tp), states in shares.items():
+        _stage_layers_by_share(ctx, subset[c], b, tp, sorted(states))
+    found = [(_stage_layers(ctx, subset[c], b, tp, state), _layer_times(ctx.tables, subset[c], b, tp))
+             for c, b, tp, state in wanted]
     held = [np.array([f[0][side] for f in found]) for side in range(3)]
     times = np.array([f[1] for f in found])
     return _Rooms(which=which, middle=held[0], first=held[1], last=held[2],
@@ -575,24 +583,38 @@ def _stage_layers(ctx: TemplateContext, cls: ResourceClass, b: int, tp: int, per
     first holds beside the model's first layer and the last beside its last (-inf where
     that layer alone does not fit), with the micro-batches it keeps in flight as the layer
     DP counts them, each as many as the cheapest allows. Shared by a search."""
-    tables = ctx.tables
     key = ("stage layers", cls.gpu_type, b, tp, per_param, ctx.schedule)
-    found = tables.matrices.get(key)
-    if found is None:
-        num_layers = tables.num_layers
-        flight = np.array([ctx.in_flight(b, k) for k in range(tables.max_stages + 1)])
-        acts = np.diff(tables.points[(cls.gpu_type, b, tp)].activation_bytes)
-        cost = np.diff(tables.params) / tp * per_param + flight[:, None] * acts  # (k, layer)
-        cheapest = (cost[:, 1:-1].min(axis=1) if num_layers > 2
-                    else np.full(len(flight), np.inf))
-        capacity = tables.capacity_bytes[cls.gpu_type]
-        middle = np.floor(capacity / cheapest)
-        middle[0] = 0
-        room = capacity - cost[:, [0, num_layers - 1]]  # beside its own end layer
-        ends = np.where(room >= 0, np.floor(np.maximum(room, 0) / cheapest[:, None]),
-                        -np.inf)
-        found = tables.matrices[key] = (middle, ends[:, 0], ends[:, 1])
-    return cast(tuple[np.ndarray, np.ndarray, np.ndarray], found)
+    if key not in ctx.tables.matrices:
+        _stage_layers_by_share(ctx, cls, b, tp, [per_param])
+    return cast(tuple[np.ndarray, np.ndarray, np.ndarray], ctx.tables.matrices[key])
+
+
+def _stage_layers_by_share(ctx: TemplateContext, cls: ResourceClass, b: int, tp: int,
+                           per_params: list[float]) -> None:
+    """`_stage_layers` for several state bytes per parameter at once, each kept for the
+    search."""
+    tables = ctx.tables
+    keys = [("stage layers", cls.gpu_type, b, tp, per_param, ctx.schedule)
+            for per_param in per_params]
+    missing = [k for k, key in enumerate(keys) if key not in tables.matrices]
+    if not missing:
+        return
+    num_layers = tables.num_layers
+    flight = np.array([ctx.in_flight(b, k) for k in range(tables.max_stages + 1)])
+    acts = np.diff(tables.points[(cls.gpu_type, b, tp)].activation_bytes)
+    shares = np.array([per_params[k] for k in missing])
+    # (share, k, layer), summed in the order one share at a time sums it.
+    cost = (np.diff(tables.params) / tp)[None, None, :] * shares[:, None, None] + (
+        flight[:, None] * acts)[None]
+    cheapest = (cost[:, :, 1:-1].min(axis=2) if num_layers > 2
+                else np.full((len(missing), len(flight)), np.inf))
+    capacity = tables.capacity_bytes[cls.gpu_type]
+    middle = np.floor(capacity / cheapest)
+    middle[:, 0] = 0
+    room = capacity - cost[:, :, [0, num_layers - 1]]  # beside its own end layer
+    ends = np.where(room >= 0, np.floor(np.maximum(room, 0) / cheapest[:, :, None]), -np.inf)
+    for row, k in enumerate(missing):
+        tables.matrices[keys[k]] = (middle[row], ends[row, :, 0], ends[row, :, 1])
 
 
 def _layer_times(tables: ScenarioTables, cls: ResourceClass, b: int, tp: int

@@ -519,3 +519,25 @@ def test_grid_subsets_on_two_zones_take_each_zone_less_a_class_and_each_type_alo
                 | {zone_a} | {zone_a - {c} for c in zone_a}
                 | {frozenset({"V10b", "T4-b"})})
     assert got == expected
+
+
+def test_rooms_of_many_state_shares_at_once_are_those_of_each_alone() -> None:
+    """Under ZeRO every replica count has its own state share: the rooms of all of them are
+    computed together, and each must be what it is computed alone (rows not mixed)."""
+    doc = json.loads((SCENARIOS / "h200x8-h100x16-a80x16-llama13b.json").read_text())
+    doc["job"]["zero_stage"] = 1
+    scenario = parse_scenario(doc)
+    shares = sorted({state_bytes_per_param(scenario, n).total for n in range(1, 40)})
+    assert len(shares) > 10
+    together = compile_tables(scenario)
+    ctx = TemplateContext(together, scenario.job.schedule)
+    for cls in together.classes:
+        gpu_type, b, tp = next(key for key in together.points if key[0] == cls.gpu_type)
+        grids._stage_layers_by_share(ctx, cls, b, tp, shares[::2] + shares[1::2])
+        for share in shares:
+            alone = compile_tables(scenario)
+            one = grids._stage_layers(TemplateContext(alone, scenario.job.schedule),
+                                      next(c for c in alone.classes if c.key == cls.key),
+                                      b, tp, share)
+            for got, want in zip(grids._stage_layers(ctx, cls, b, tp, share), one, strict=True):
+                assert np.array_equal(got, want)
