@@ -105,7 +105,7 @@ def sweep(name: str, gpus: int, count: int, jobs: int, time_limit_s: float,
             rows = fleet.what_if(scenario, changes, options, mapper=mapper)
         walls[engine] = time.perf_counter() - started
         plans[engine] = [r.samples_per_s for r in rows]
-    row: dict[str, Any] = {"scenario": name, "gpus": sum(n.gpus for n in scenario.cluster.nodes),
+    row: dict[str, Any] = {"scenario": name, "gpus": scenario.cluster.num_gpus,
                            "variants": count, "jobs": jobs, "time_limit_s": time_limit_s,
                            **{f"{e}_wall_s": round(w, 1) for e, w in walls.items()}}
     if "ray" not in engines:

@@ -143,7 +143,7 @@ def main() -> None:
         label, small_doc = perturbed(rng, args.family)
         doc = scaled(small_doc, args.scale) if tiles else small_doc
         scenario = parse_scenario(doc)
-        gpus = sum(n.gpus for n in scenario.cluster.nodes)
+        gpus = scenario.cluster.num_gpus
         started = time.perf_counter()
         result = plan(scenario, SearchOptions(time_limit_s=args.time_limit))
         wall = time.perf_counter() - started

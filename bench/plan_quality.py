@@ -43,7 +43,7 @@ def quality_table(name: str, paths: list[Path], time_limit: float) -> None:
     mixed_vs_ref, mixed_vs_best, all_vs_ref = [], [], []
     for path in paths:
         scenario = parse_scenario(json.loads(path.read_text()))
-        gpus = sum(n.gpus for n in scenario.cluster.nodes)
+        gpus = scenario.cluster.num_gpus
         reference = evaluate(scenario, parse_plan(json.loads(
             (REFERENCE / f"{path.stem}.plan.json").read_text())))
         ref = reference.samples_per_s if reference.valid else None

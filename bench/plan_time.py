@@ -101,7 +101,7 @@ def child(name: str, size: int, time_limit: float, schedules: str | None,
     # two share are counted twice, so this overstates what the machine held).
     peak_mib = sum(resource.getrusage(who).ru_maxrss
                    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) / 1024
-    gpus = sum(n.gpus for n in scenario.cluster.nodes)
+    gpus = scenario.cluster.num_gpus
     print(json.dumps({"scenario": name, "gpus": gpus, "wall_s": wall, "import_s": import_s,
                       "peak_mib": peak_mib,
                       "samples_per_s": result.evaluation.samples_per_s,

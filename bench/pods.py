@@ -87,7 +87,7 @@ def main() -> None:
     for label, doc in inputs:
         counts = pod_counts(doc)
         scenario = parse_scenario(doc)
-        gpus = sum(n.gpus for n in scenario.cluster.nodes)
+        gpus = scenario.cluster.num_gpus
         if not counts:
             print(f"| {label} | {gpus} | | none | | | |", flush=True)
             continue

@@ -314,7 +314,7 @@ class _Enumeration:
             return self._holds[key]
         scenario = self.scenario
         limit = self.batch // b
-        per_param = state_bytes_per_param(scenario, sum(n.gpus for n in self.nodes)).total
+        per_param = state_bytes_per_param(scenario, scenario.cluster.num_gpus).total
         state = (self.params[None, :] - self.params[:, None]) / tp * per_param
         prefix_acts = self._prefix(gpu_type, b, tp)[2]
         a = prefix_acts[None, :] - prefix_acts[:, None]

@@ -567,12 +567,13 @@ def _rooms(ctx: TemplateContext, subset: tuple[ResourceClass, ...], estimates: _
     shares: dict[tuple[int, int, int], set[float]] = {}
     for c, b, tp, state in wanted:
         shares.setdefault((c, b, tp), set()).add(state)
+    layer_times = {}
     for (c, b, tp), states in shares.items():
         _stage_layers_by_share(ctx, subset[c], b, tp, sorted(states))
-    found = [(_stage_layers(ctx, subset[c], b, tp, state), _layer_times(ctx.tables, subset[c], b, tp))
-             for c, b, tp, state in wanted]
-    held = [np.array([f[0][side] for f in found]) for side in range(3)]
-    times = np.array([f[1] for f in found])
+        layer_times[(c, b, tp)] = _layer_times(ctx.tables, subset[c], b, tp)
+    found = [_stage_layers(ctx, subset[c], b, tp, state) for c, b, tp, state in wanted]
+    held = [np.array([f[side] for f in found]) for side in range(3)]
+    times = np.array([layer_times[(c, b, tp)] for c, b, tp, _ in wanted])
     return _Rooms(which=which, middle=held[0], first=held[1], last=held[2],
                   layer_s=times[:, 0], first_s=times[:, 1], last_s=times[:, 2])
 
@@ -645,11 +646,13 @@ class _Estimates:
     """Micro-batches after the first, each waiting for the heaviest stage."""
 
 
-def _by_whole_layers(estimates: _Estimates, heaviest: Sequence[Callable[[np.ndarray], np.ndarray]]
+def _by_whole_layers(estimates: _Estimates,
+                     heaviest: Sequence[Callable[[np.ndarray], np.ndarray]]
                      ) -> Iterator[tuple[float, int]]:
-    """(estimate, row) in order of the estimate with whole layers: the fill runs through balanced
-    stages, but every further micro-batch waits for the heaviest stage, which whole layers,
-    memory and links may not balance (24 stages over 34 layers: twice the balanced time).
+    """(estimate, row) in order of the estimate with whole layers: the fill runs through
+    balanced stages, but every further micro-batch waits for the heaviest stage, which whole
+    layers, memory and links may not balance (24 stages over 34 layers: twice the balanced
+    time).
     `heaviest` estimates that stage for some rows, each estimate at least the one before it
     and dearer: the last one counts. The balanced estimate is a lower bound of them all:
     rows are corrected by the first in batches in its order, by the next in the order that
@@ -748,8 +751,8 @@ def _order_indices(tables: ScenarioTables, classes: Sequence[ResourceClass]
     """Orders of `classes` (their indices, front first) that a grid's replicas try: every
     order, or with MAX_ORDERS_FROM classes and more, a few: by memory both ways; where the
     sweeps are cheap (`_widened`), also by speed both ways and each class in front of the
-    others in memory order; and, over several
-    zones, zone by zone (memory order within each), the zones both ways."""
+    others in memory order; and, over several zones, zone by zone (memory order within
+    each), the zones both ways."""
     count = len(classes)
     if count < MAX_ORDERS_FROM:
         return list(itertools.permutations(range(count)))
