@@ -74,9 +74,7 @@ def test_four_classes_over_two_zones_are_tried_zone_by_zone_both_ways() -> None:
 
 def test_small_fleets_and_few_classes_also_try_speed_order_and_each_class_in_front() -> None:
     small = compile_tables(parse_scenario(memtight_two_zones()))
-    doc = memtight_two_zones()
-    doc["cluster"]["nodes"] = [dict(n, name=f"{n['name']}-{k}") for k in range(8)
-                               for n in doc["cluster"]["nodes"]]  # 320 GPUs, four classes
+    doc = copies(memtight_two_zones(), 8)  # 320 GPUs, four classes
     few = compile_tables(parse_scenario(doc))
     for node in doc["cluster"]["nodes"][len(doc["cluster"]["nodes"]) // 2:]:
         if node["zone"] == "a":
