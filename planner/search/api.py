@@ -211,127 +211,185 @@ def _plan(
     # shared splits): the child builds the launcher baselines too (BENCHMARKS 9).
     with Aside(functools.partial(_beside, searched, tables, launchers=local),
                fork=_worth_forking(tables)) as beside_ready:
-        return _searched(scenario, searched, tables, allowed, beside_ready, options, started,
-                         report)
+        search = _Search(scenario=scenario, searched=searched, tables=tables, allowed=allowed,
+                         options=options, started=started, report=report)
+        return _searched(search, beside_ready)
 
 
-def _searched(
-    scenario: Scenario,
-    searched: Scenario,
-    tables: ScenarioTables,
-    allowed: tuple[Schedule, ...],
-    beside_ready: Aside[Beside],
-    options: SearchOptions,
-    started: float,
-    report: ProgressCallback,
-) -> PlanResult:
+@dataclass(frozen=True, kw_only=True)
+class _Search:
+    """What every step of one search reads."""
+
+    scenario: Scenario
+    """As the user gave it."""
+    searched: Scenario
+    """As the search plans it (`base_scenario`: an interleaved job as 1F1B)."""
+    tables: ScenarioTables
+    allowed: tuple[Schedule, ...]
+    """Schedules the plan may use."""
+    options: SearchOptions
+    started: float
+    """`time.monotonic()` when the search began."""
+    report: ProgressCallback
+
+    @property
+    def local(self) -> bool:
+        return self.scenario.job.schedule is Schedule.LOCAL
+
+
+def _searched(search: _Search, beside_ready: Aside[Beside]) -> PlanResult:
     """The search proper, the baselines running beside it."""
-    local = scenario.job.schedule is Schedule.LOCAL
+    options, report = search.options, search.report
     report(0.05, "building pipeline templates")
-    templates = _offered_templates(tables, searched)
+    templates = _offered_templates(search.tables, search.searched)
     report(0.3, f"allocating GPUs over {len(templates)} pipeline templates")
+    allocated, proven = _allocated(search, templates, forked=beside_ready.forked)
+    # Identical replicas of one template, at any count: what one-grid launchers run where
+    # the count splits the batch evenly, and at times what the allocation's linear model
+    # misses (it mixes templates more finely than their copies need).
+    replicated = launcher_candidates(search.tables, templates, even=False)
+    report(0.7, "building baselines")
+    # Nothing needs the launcher baselines before the child is back: built and judged while
+    # it still works, they cost no time where the child is the slower of the two.
+    waited = _while_waiting(beside_ready, search.searched, search.tables, search.allowed,
+                            launchers=not search.local,
+                            candidates=[] if search.local else sorted(
+                                [*allocated, *replicated],
+                                key=lambda c: c.quick_s)[:options.finalists])
+    beside = beside_ready.result()
+    baselines = _baselines(search, beside, waited)
+    candidates, families = _gathered(search, templates, allocated, replicated, baselines,
+                                     beside.grids)
+    # The allocation is proven only within its own model (templates, caps), never globally.
+    status = PlanStatus.FEASIBLE if proven else PlanStatus.HEURISTIC
+    report(0.8, f"judging {min(len(candidates), options.finalists)} finalists")
+    best, evaluation, baseline_rates, runners_up = judge(
+        search.searched, candidates, families, baselines,
+        # The quick estimates leave out what local learning adds (heads, their rings) and
+        # the shared split: every plan given one is judged.
+        limit=len(candidates) if search.local else options.finalists,
+        started=search.started, time_limit_s=options.time_limit_s, known=waited.judged)
+    if options.launcher is not None:
+        best, evaluation = _for_launcher(search, templates, candidates, best)
+        runners_up = []
+    elif not search.local and (options.exact
+                               or (options.enumerate_small and _small_enough(search.searched))):
+        best, evaluation, status = _exact(search.searched, best, evaluation, status, options,
+                                          search.started, report)
+    if best is not None and evaluation is not None and _widened(search.searched, search.allowed,
+                                                                options):
+        best, evaluation, status = _with_schedule_variant(search, best, evaluation, status,
+                                                          runners_up)
+    if best is None or evaluation is None:
+        raise Infeasible(_local_reason(options) if search.local
+                         else no_plan_reason(search.tables))
+    wall_s = time.monotonic() - search.started
+    unused = _unused_gpus(search.tables, best.plan)
+    document = _annotate(best, evaluation, status, wall_s, unused, baseline_rates,
+                         waited.bound if waited.bound_known
+                         else space_bound(search.searched, search.allowed),
+                         training=LOCAL_TRAINING_NOTE if search.local else None)
+    report(1.0, "done")
+    return PlanResult(plan=document, evaluation=evaluation, status=status, wall_s=wall_s,
+                      unused_gpus=unused, baselines=baseline_rates)
+
+
+def _allocated(search: _Search, templates: list[PipelineTemplate], *, forked: bool
+               ) -> tuple[list[Candidate], bool]:
+    """The allocation's candidates, and whether its model proved the best of them."""
+    options = search.options
     # A forked child runs the per-type baseline on a core of its own: allocation threads
     # beyond the cores left only take turns with it (on 2 cores, one thread is 3-9% faster
     # at 512 GPUs, BENCHMARKS 3).
-    threads = min(options.parallel_allocations, usable_cores() - beside_ready.forked)
-    allocated, proven = allocation_candidates(
-        tables, templates, time_limit_s=options.time_limit_s, num_workers=options.num_workers,
-        finalists=options.finalists, started=started, report=report, threads=threads)
-    if local:
+    threads = min(options.parallel_allocations, usable_cores() - forked)
+    run = functools.partial(
+        allocation_candidates, search.tables, time_limit_s=options.time_limit_s,
+        num_workers=options.num_workers, finalists=options.finalists, started=search.started,
+        report=search.report, threads=threads)
+    allocated, proven = run(templates)
+    if search.local:
         # Every block but the last trains a head, whose time and ring the templates leave
         # out: the allocation favours deep pipelines. Runs over shallow templates alone
         # offer the plans of few blocks that this hides.
         for most in LOCAL_SHALLOW_STAGES:
             shallow = [t for t in templates if t.num_stages <= most]
             if shallow and len(shallow) < len(templates):
-                allocated += allocation_candidates(
-                    tables, shallow, time_limit_s=options.time_limit_s,
-                    num_workers=options.num_workers, finalists=options.finalists,
-                    started=started, report=report, threads=threads)[0]
-    # Identical replicas of one template, at any count: what one-grid launchers run where
-    # the count splits the batch evenly, and at times what the allocation's linear model
-    # misses (it mixes templates more finely than their copies need).
-    replicated = launcher_candidates(tables, templates, even=False)
-    candidates = [*allocated, *replicated]
-    report(0.7, "building baselines")
-    # Nothing needs the launcher baselines before the child is back: built and judged while
-    # it still works, they cost no time where the child is the slower of the two.
-    waited = _while_waiting(beside_ready, searched, tables, allowed, launchers=not local,
-                            candidates=[] if local else sorted(
-                                [*allocated, *replicated],
-                                key=lambda c: c.quick_s)[:options.finalists])
-    beside = beside_ready.result()
-    if local:  # the child built them
+                allocated += run(shallow)[0]
+    return allocated, proven
+
+
+def _baselines(search: _Search, beside: Beside, waited: _Waited) -> dict[str, Judged]:
+    """The three baselines, judged: the launcher ones built here, while waiting or after
+    (under `local` by the child), the per-type one by the child, with the homogeneous
+    baseline's plans among its own."""
+    if search.local:  # the child built them
         assert beside.launchers is not None
-        launchers = beside.launchers
+        baselines = dict(beside.launchers)
     else:
-        launchers = _launcher_baselines(searched, tables, waited.launchers, known=waited.judged)
-    baselines = dict(launchers)
+        baselines = _launcher_baselines(search.searched, search.tables, waited.launchers,
+                                        known=waited.judged)
     baselines["per_type"] = sorted(
         beside.per_type + [(as_per_type(c), e) for c, e in baselines["homogeneous"]],
         key=lambda judged: judged[0].quick_s)
+    return baselines
+
+
+def _gathered(search: _Search, templates: list[PipelineTemplate], allocated: list[Candidate],
+              replicated: list[Candidate], baselines: dict[str, Judged], grids: GridFamilies
+              ) -> tuple[list[Candidate], list[list[Candidate]]]:
+    """Every candidate for the finalists, and the families judged beside them."""
+    candidates = [*allocated, *replicated]
     candidates.extend(c for group in baselines.values() for c, _ in group)
-    candidates.extend(beside.grids.even)
-    candidates.extend(beside.grids.with_idle)
-    families = [allocated, replicated, beside.grids.even, beside.grids.with_idle]
-    if local:
+    candidates.extend(grids.even)
+    candidates.extend(grids.with_idle)
+    if search.local:
         # Only plans whose pipelines share their blocks are valid: give them one split.
-        candidates = common_blocks(tables, candidates, limit=LOCAL_FINALISTS * options.finalists)
-        families = []
-    else:
-        # Judged beside the finalists, never in place of one: a quote that is merely
-        # optimistic must not push a better candidate out.
-        families.append(exchanged_candidates(tables, templates, candidates))
-    # The allocation is proven only within its own model (templates, caps), never globally.
-    status = PlanStatus.FEASIBLE if proven else PlanStatus.HEURISTIC
-    report(0.8, f"judging {min(len(candidates), options.finalists)} finalists")
-    best, evaluation, baseline_rates, runners_up = judge(
-        searched, candidates, families, baselines,
-        # The quick estimates leave out what local learning adds (heads, their rings) and
-        # the shared split: every plan given one is judged.
-        limit=len(candidates) if local else options.finalists,
-        started=started, time_limit_s=options.time_limit_s, known=waited.judged)
-    if options.launcher is not None:
-        report(0.9, f"restricting to what {options.launcher} runs")
-        candidates.extend(launcher_candidates(tables, templates, LAUNCHER_GRID_DRAFTS,
-                                              slack=math.inf))
-        if best is not None:
-            candidates.append(best)
-        best, evaluation = best_for_launcher(searched, options.launcher, candidates,
-                                             options.finalists)
-        runners_up = []
-    elif not local and (options.exact or (options.enumerate_small and _small_enough(searched))):
-        best, evaluation, status = _exact(searched, best, evaluation, status, options, started,
-                                          report)
-    if best is not None and evaluation is not None and _widened(searched, allowed, options):
-        report(0.95, "trying other schedules on the best plans")
-        bases = [(best, evaluation)] + [j for j in runners_up if j[0] is not best]
-        # Variants are judged one full evaluation each: they get a share of the time the
-        # search took, so allowing schedules costs planning time in proportion.
-        varied = schedule_variants(
-            scenario, tables, bases, allowed, recompute=options.recompute,
-            deadline=share_of_time_so_far(started, options.time_limit_s, VARIANT_SHARE,
-                                           VARIANT_MIN_S))
-        # An interleaved job's plan must take a variant: the search planned it as 1F1B.
-        must_change = _plan_schedule(best.plan, searched) not in allowed
-        if varied is not None and options.launcher is not None and not runnable_by(
-                scenario, options.launcher, varied[0].plan):
-            varied = None  # the named launcher could not run it
-        if varied is not None and (must_change or (varied[1].iteration_s or math.inf)
-                                   < (evaluation.iteration_s or math.inf)):
-            best, evaluation = varied
-            if status is PlanStatus.OPTIMAL:  # proven among the searched schedule's plans only
-                status = PlanStatus.HEURISTIC
-    if best is None or evaluation is None:
-        raise Infeasible(_local_reason(options) if local else no_plan_reason(tables))
-    wall_s = time.monotonic() - started
-    unused = _unused_gpus(tables, best.plan)
-    document = _annotate(best, evaluation, status, wall_s, unused, baseline_rates,
-                         waited.bound if waited.bound_known else space_bound(searched, allowed),
-                         training=LOCAL_TRAINING_NOTE if local else None)
-    report(1.0, "done")
-    return PlanResult(plan=document, evaluation=evaluation, status=status, wall_s=wall_s,
-                      unused_gpus=unused, baselines=baseline_rates)
+        return common_blocks(search.tables, candidates,
+                             limit=LOCAL_FINALISTS * search.options.finalists), []
+    # Judged beside the finalists, never in place of one: a quote that is merely
+    # optimistic must not push a better candidate out.
+    return candidates, [allocated, replicated, grids.even, grids.with_idle,
+                        exchanged_candidates(search.tables, templates, candidates)]
+
+
+def _for_launcher(search: _Search, templates: list[PipelineTemplate],
+                  candidates: list[Candidate], best: Candidate | None
+                  ) -> tuple[Candidate | None, Evaluation | None]:
+    """The best plan the named launcher runs (`SearchOptions.launcher`)."""
+    launcher = search.options.launcher
+    assert launcher is not None
+    search.report(0.9, f"restricting to what {launcher} runs")
+    offered = [*candidates, *launcher_candidates(search.tables, templates, LAUNCHER_GRID_DRAFTS,
+                                                  slack=math.inf)]
+    if best is not None:
+        offered.append(best)
+    return best_for_launcher(search.searched, launcher, offered, search.options.finalists)
+
+
+def _with_schedule_variant(search: _Search, best: Candidate, evaluation: Evaluation,
+                           status: PlanStatus, runners_up: list[tuple[Candidate, Evaluation]]
+                           ) -> tuple[Candidate, Evaluation, PlanStatus]:
+    """The best plan, or its variant under another allowed schedule or recomputation where
+    that is faster (or where the job's own schedule was not searched)."""
+    search.report(0.95, "trying other schedules on the best plans")
+    bases = [(best, evaluation)] + [j for j in runners_up if j[0] is not best]
+    # Variants are judged one full evaluation each: they get a share of the time the
+    # search took, so allowing schedules costs planning time in proportion.
+    options = search.options
+    varied = schedule_variants(
+        search.scenario, search.tables, bases, search.allowed, recompute=options.recompute,
+        deadline=share_of_time_so_far(search.started, options.time_limit_s, VARIANT_SHARE,
+                                       VARIANT_MIN_S))
+    # An interleaved job's plan must take a variant: the search planned it as 1F1B.
+    must_change = _plan_schedule(best.plan, search.searched) not in search.allowed
+    if varied is not None and options.launcher is not None and not runnable_by(
+            search.scenario, options.launcher, varied[0].plan):
+        varied = None  # the named launcher could not run it
+    if varied is None or not (must_change or (varied[1].iteration_s or math.inf)
+                              < (evaluation.iteration_s or math.inf)):
+        return best, evaluation, status
+    # An optimum is proven among the searched schedule's plans only.
+    return (*varied, PlanStatus.HEURISTIC if status is PlanStatus.OPTIMAL else status)
 
 
 def _offered_templates(tables: ScenarioTables, searched: Scenario) -> list[PipelineTemplate]:
