@@ -322,65 +322,15 @@ def _least(ctx: TemplateContext, subset: tuple[ResourceClass, ...],
     model with the activations they keep, the grid is ruled out. Estimated for all tp
     choices and counts of a micro-batch size at once (thousands of structures on six
     classes). `per_param[n - 1]`: state bytes per parameter with n replicas."""
-    tables, job = ctx.tables, ctx.scenario.job
-    batch = job.global_batch_size
-    capacity = np.array([tables.capacity_bytes[c.gpu_type] for c in subset])
-    largest = np.array([c.largest_node for c in subset])
-    inside = [ctx.link(c.key, c.key, same_node=True) for c in subset]
-    across = [ctx.link(c.key, c.key, same_node=False) for c in subset]
-    rings = [ctx.ring(c.key) for c in subset]
-    moved = _mean_output(ctx)
     # Per micro-batch size: its structures' estimates (thousands on six classes), ranked
     # together at the end; a _Grid is built only for those the caller takes.
     found: list[_Estimates] = []
-    for b in sorted({b for (_, b, _) in tables.points}):
+    for b in sorted({b for (_, b, _) in ctx.tables.points}):
         options = [best_tp.get((c.key, b), []) for c in subset]
-        if not all(options):
-            continue
-        tps = np.array(list(itertools.product(*options)))  # (choices, classes)
-        slot_options = [np.array([c.slots(tp) for tp in tp_options])
-                        for c, tp_options in zip(subset, options, strict=True)]
-        slots = np.array(list(itertools.product(*slot_options)))
-        whole = np.array(list(itertools.product(*[
-            [float(tables.points[(c.gpu_type, b, tp)].compute_s[-1]) for tp in tp_options]
-            for c, tp_options in zip(subset, options, strict=True)])))
-        n = np.arange(1, int(slots.min(axis=1).max()) + 1)  # (counts,)
-        # Counts that split every class's stages evenly (or, with `idle`, do not) and leave
-        # each replica a micro-batch, per choice: each class's options tested once, then
-        # gathered.
-        which = np.array(list(itertools.product(*[range(len(o)) for o in options])))
-        even = np.ones((len(tps), len(n)), dtype=bool)
-        for c, divisible in enumerate(slot_options):
-            even = even & (divisible[:, None] % n[None, :] == 0)[which[:, c]]
-        valid = (n * b <= batch) & (~even if idle else even)
-        choice, count = np.nonzero(valid)  # row-major: ties keep this order below
-        stages = slots[choice] // n[count][:, None]  # (structures, classes)
-        depth = stages.sum(axis=1)
-        short = (depth <= tables.max_stages) & (stages.min(axis=1) >= 1)
-        choice, count, stages, depth = choice[short], count[short], stages[short], depth[short]
-        if not len(choice):
-            continue
-        counts, their_tps, their_whole = n[count], tps[choice], whole[choice]
-        stage_s = 1.0 / (stages / their_whole).sum(axis=1)
-        transfer_s = 0.0 if not ctx.blocking else min(
-            link.latency_s + moved * b / link.bytes_per_s for link in inside + across)
-        steady = -(-batch // (counts * b)) - 1  # micro-batches after the first, the most
-        step_s = stage_s + 4 * transfer_s  # a micro-batch through a balanced stage
-        pipeline_s = (steady + depth) * step_s
-        params = float(tables.params[-1]) * stage_s[:, None] / their_whole / their_tps
-        fits = (params * per_param[counts - 1][:, None] <= capacity).all(axis=1)
-        near = counts[:, None] * their_tps <= largest  # n holders of a stage on a node
-        bandwidth = np.where(near, [link.bytes_per_s for link in inside], [r[0] for r in rings])
-        latency = np.where(near, [link.latency_s for link in inside], [r[1] for r in rings])
-        steps = (counts - 1)[:, None]
-        sync_s = (2 * steps / counts[:, None] * params * job.grad_bytes / bandwidth
-                  + 2 * steps * latency).max(axis=1)
-        if not fits.any():
-            continue
-        found.append(_Estimates(
-            micro_batch=np.full(int(fits.sum()), b), balanced_s=(pipeline_s + sync_s)[fits],
-            tps=their_tps[fits], counts=counts[fits], stages=stages[fits],
-            step_s=step_s[fits], steady=steady[fits]))
+        structures = _structures(ctx, subset, options, b, idle=idle) if all(options) else None
+        estimates = None if structures is None else _balanced(ctx, subset, structures, per_param)
+        if estimates is not None:
+            found.append(estimates)
     if not found:
         return
     every = _Estimates(**{name: np.concatenate([getattr(f, name) for f in found])
@@ -396,6 +346,87 @@ def _least(ctx: TemplateContext, subset: tuple[ResourceClass, ...],
         yield _Grid(classes=subset, micro_batch=int(every.micro_batch[r]),
                     tp=tuple(int(tp) for tp in every.tps[r]), replicas=int(every.counts[r]),
                     stages=tuple(int(x) for x in every.stages[r]), estimate_s=estimate_s)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Structures:
+    """Structures of one subset and micro-batch size (rows), not yet estimated."""
+
+    micro_batch: int
+    counts: np.ndarray
+    """(rows,): replicas."""
+    tps: np.ndarray
+    stages: np.ndarray
+    """(rows, classes): each class's tp and stages in one replica."""
+    whole_s: np.ndarray
+    """(rows, classes): a micro-batch through every layer at each class's point."""
+
+
+def _structures(ctx: TemplateContext, subset: tuple[ResourceClass, ...],
+                options: list[list[int]], b: int, *, idle: bool) -> _Structures | None:
+    """`_least`'s structures of micro-batch size b: every choice of tp per class among its
+    `options` and every count that splits each class's stages evenly (with `idle`, that
+    does not), leaves each replica a micro-batch and gives it at most one stage per layer
+    and at least one stage of each class; None where there is none."""
+    tables = ctx.tables
+    tps = np.array(list(itertools.product(*options)))  # (choices, classes)
+    slot_options = [np.array([c.slots(tp) for tp in tp_options])
+                    for c, tp_options in zip(subset, options, strict=True)]
+    slots = np.array(list(itertools.product(*slot_options)))
+    whole = np.array(list(itertools.product(*[
+        [float(tables.points[(c.gpu_type, b, tp)].compute_s[-1]) for tp in tp_options]
+        for c, tp_options in zip(subset, options, strict=True)])))
+    n = np.arange(1, int(slots.min(axis=1).max()) + 1)  # (counts,)
+    # Whether each count splits every class's stages evenly, per choice: each class's
+    # options tested once, then gathered.
+    which = np.array(list(itertools.product(*[range(len(o)) for o in options])))
+    even = np.ones((len(tps), len(n)), dtype=bool)
+    for c, divisible in enumerate(slot_options):
+        even = even & (divisible[:, None] % n[None, :] == 0)[which[:, c]]
+    valid = (n * b <= tables.scenario.job.global_batch_size) & (~even if idle else even)
+    choice, count = np.nonzero(valid)  # row-major: ties keep this order downstream
+    stages = slots[choice] // n[count][:, None]  # (structures, classes)
+    short = (stages.sum(axis=1) <= tables.max_stages) & (stages.min(axis=1) >= 1)
+    if not short.any():
+        return None
+    choice, count = choice[short], count[short]
+    return _Structures(micro_batch=b, counts=n[count], tps=tps[choice], stages=stages[short],
+                       whole_s=whole[choice])
+
+
+def _balanced(ctx: TemplateContext, subset: tuple[ResourceClass, ...], found: _Structures,
+              per_param: np.ndarray) -> _Estimates | None:
+    """`_least`'s closed form of `found` (stages balanced by speed, transfers at the
+    cheapest link, each class's ring), the structures whose stages' state fits; None where
+    none does."""
+    tables, job = ctx.tables, ctx.scenario.job
+    b, counts, tps, stages, whole = (found.micro_batch, found.counts, found.tps, found.stages,
+                                     found.whole_s)
+    inside = [ctx.link(c.key, c.key, same_node=True) for c in subset]
+    across = [ctx.link(c.key, c.key, same_node=False) for c in subset]
+    rings = [ctx.ring(c.key) for c in subset]
+    stage_s = 1.0 / (stages / whole).sum(axis=1)
+    transfer_s = 0.0 if not ctx.blocking else min(
+        link.latency_s + _mean_output(ctx) * b / link.bytes_per_s for link in inside + across)
+    steady = -(-job.global_batch_size // (counts * b)) - 1  # micro-batches after the first
+    step_s = stage_s + 4 * transfer_s  # a micro-batch through a balanced stage
+    pipeline_s = (steady + stages.sum(axis=1)) * step_s
+    params = float(tables.params[-1]) * stage_s[:, None] / whole / tps
+    capacity = np.array([tables.capacity_bytes[c.gpu_type] for c in subset])
+    fits = (params * per_param[counts - 1][:, None] <= capacity).all(axis=1)
+    if not fits.any():
+        return None
+    largest = np.array([c.largest_node for c in subset])
+    near = counts[:, None] * tps <= largest  # n holders of a stage on a node
+    bandwidth = np.where(near, [link.bytes_per_s for link in inside], [r[0] for r in rings])
+    latency = np.where(near, [link.latency_s for link in inside], [r[1] for r in rings])
+    steps = (counts - 1)[:, None]
+    sync_s = (2 * steps / counts[:, None] * params * job.grad_bytes / bandwidth
+              + 2 * steps * latency).max(axis=1)
+    return _Estimates(
+        micro_batch=np.full(int(fits.sum()), b), balanced_s=(pipeline_s + sync_s)[fits],
+        tps=tps[fits], counts=counts[fits], stages=stages[fits], step_s=step_s[fits],
+        steady=steady[fits])
 
 
 def _heaviest_per_class(ctx: TemplateContext, subset: tuple[ResourceClass, ...],
