@@ -146,28 +146,8 @@ class _Problem:
         self.num_nodes = len(scenario.cluster.nodes)
         self.largest_node = max(largest.values())
         profiles = profile_index(scenario)
-        # Per (layer kind, type): the least GPU-seconds per sample over points whose
-        # single-layer stage fits beside the reserved memory (state counted unsharded: a
-        # point that fails it may still fit under ZeRO with many pipelines, so sharded
-        # state is used whenever the job shards).
-        per_param = state_bytes_per_param(scenario, self.num_gpus).total
-        self.costs: dict[tuple[str, str], float] = {}
-        tps = [1]
-        for point in profiles.points():
-            gpu_type, kind, b, tp = point
-            row = profiles.get(*point)
-            if row is None or gpu_type not in self.gpus or kind not in set(self.layers):
-                continue
-            if tp > largest[gpu_type]:
-                continue
-            room = (scenario.gpu_types[gpu_type].memory_gib - scenario.reserved_gib(gpu_type)) * GIB
-            if scenario.model.kinds[kind].params / tp * per_param + row.activation_bytes > room:
-                continue
-            cost = tp * (row.forward_ms + row.backward_ms) * 1e-3 / b
-            key = (kind, gpu_type)
-            self.costs[key] = min(cost, self.costs.get(key, cost))
-            tps.append(tp)
-        self.gpus_per_pipeline = len(self.layers) * max(tps)
+        self.costs, widest = _least_costs(scenario, profiles, largest)
+        self.gpus_per_pipeline = len(self.layers) * widest
         self.crossing_s = _crossing_gpu_s_per_sample(scenario, profiles)
         self.traversal_s = _least_traversal_s(scenario, profiles, largest)
         least = [min((cost for (k, _), cost in self.costs.items() if k == kind), default=math.inf)
@@ -179,17 +159,7 @@ class _Problem:
         self.between_nodes_bytes_per_s = 1e9 * max(
             link.bandwidth_gb_per_s for link in [cluster.inter_node, *cluster.inter_zone])
         self.total_params = float(sum(self.params))
-        # Layers by parameters per least GPU-second (a fractional knapsack's order), with
-        # cumulative compute and parameters: the most parameters that much compute holds.
-        ordered = sorted((layer for layer in range(len(self.layers)) if math.isfinite(least[layer])),
-                         key=lambda layer: -self.params[layer] / least[layer]
-                         if least[layer] > 0 else -math.inf)
-        self._densities = [-self.params[layer] / least[layer] if least[layer] > 0 else -math.inf
-                           for layer in ordered]  # ascending: negated
-        self.knapsack_compute = list(itertools.accumulate(
-            (least[layer] for layer in ordered), initial=0.0))
-        self._knapsack_params = list(itertools.accumulate(
-            (float(self.params[layer]) for layer in ordered), initial=0.0))
+        self.knapsack = _Knapsack.of(self.params, least)
 
     def most_with_crossings(self, most_pipelines: int, crossings: int) -> float:
         """Samples/s of at most `most_pipelines` pipelines that each cross between nodes at
@@ -301,33 +271,6 @@ class _Problem:
         solver.Maximize(rate)
         return solver, rate, gpu_cap, memory, busy
 
-    def params_within(self, compute_s: float) -> float:
-        """The most parameters of layers whose compute (each at its least GPU-seconds per
-        sample, a layer counted in part for part of its compute) adds up to `compute_s`."""
-        cumulative, params = self.knapsack_compute, self._knapsack_params
-        j = bisect.bisect_right(cumulative, compute_s) - 1
-        if j >= len(cumulative) - 1:
-            return params[-1]
-        share = (compute_s - cumulative[j]) / (cumulative[j + 1] - cumulative[j])
-        return params[j] + share * (params[j + 1] - params[j])
-
-    def compute_above_density(self, density: float) -> float:
-        """The compute of the layers holding more than `density` parameters per GPU-second
-        (the knapsack's first ones)."""
-        return self.knapsack_compute[bisect.bisect_left(self._densities, -density)]
-
-    def compute_holding(self, held: float) -> float:
-        """The least compute whose layers hold `held` parameters (`params_within`'s
-        inverse)."""
-        cumulative, params = self.knapsack_compute, self._knapsack_params
-        j = bisect.bisect_left(params, held)
-        if j >= len(params):
-            return math.inf
-        if j == 0:
-            return 0.0
-        share = (held - params[j - 1]) / (params[j] - params[j - 1])
-        return cumulative[j - 1] + share * (cumulative[j] - cumulative[j - 1])
-
     def least_sync_s(self, low: int, high: int, crossings: int) -> float:
         """The least sync of any plan with `low` to `high` pipelines whose smallest pipeline
         crosses between nodes no more than `crossings` times (0 for one pipeline)."""
@@ -345,6 +288,85 @@ class _Problem:
         held = self.total_params * max(1 / smallest, n / used)
         grad = self.scenario.job.grad_bytes  # all-reduced whatever ZeRO shards
         return 2 * (n - 1) / n * held * grad / fastest
+
+
+def _least_costs(scenario: Scenario, profiles: ProfileIndex, largest: Counter[str]
+                 ) -> tuple[dict[tuple[str, str], float], int]:
+    """Per (layer kind, type): the least GPU-seconds per sample over points whose
+    single-layer stage fits beside the reserved memory; and the widest tp among them (1 at
+    least). State is counted sharded whenever the job shards, over every GPU: a point that
+    fails unsharded may still fit under ZeRO with many pipelines."""
+    per_param = state_bytes_per_param(scenario, scenario.cluster.num_gpus).total
+    kinds = set(scenario.model.layers)
+    costs: dict[tuple[str, str], float] = {}
+    widest = 1
+    for point in profiles.points():
+        gpu_type, kind, b, tp = point
+        row = profiles.get(*point)
+        if row is None or gpu_type not in largest or kind not in kinds:
+            continue
+        if tp > largest[gpu_type]:
+            continue
+        room = (scenario.gpu_types[gpu_type].memory_gib - scenario.reserved_gib(gpu_type)) * GIB
+        if scenario.model.kinds[kind].params / tp * per_param + row.activation_bytes > room:
+            continue
+        cost = tp * (row.forward_ms + row.backward_ms) * 1e-3 / b
+        costs[(kind, gpu_type)] = min(cost, costs.get((kind, gpu_type), cost))
+        widest = max(widest, tp)
+    return costs, widest
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Knapsack:
+    """Layers by parameters per least GPU-second (a fractional knapsack's order), with
+    cumulative compute and parameters: the most parameters that much compute holds."""
+
+    compute: list[float]
+    """Cumulative least compute of the layers in order (0 first)."""
+    params: list[float]
+    """Cumulative parameters of the same layers."""
+    densities: list[float]
+    """Each layer's parameters per GPU-second, negated (ascending)."""
+
+    @staticmethod
+    def of(params: list[int], least: list[float]) -> _Knapsack:
+        """The knapsack of the layers of `params` whose least compute `least` is finite."""
+        ordered = sorted((layer for layer in range(len(params)) if math.isfinite(least[layer])),
+                         key=lambda layer: -params[layer] / least[layer]
+                         if least[layer] > 0 else -math.inf)
+        return _Knapsack(
+            compute=list(itertools.accumulate((least[layer] for layer in ordered), initial=0.0)),
+            params=list(itertools.accumulate((float(params[layer]) for layer in ordered),
+                                             initial=0.0)),
+            densities=[-params[layer] / least[layer] if least[layer] > 0 else -math.inf
+                       for layer in ordered])
+
+    def params_within(self, compute_s: float) -> float:
+        """The most parameters of layers whose compute (each at its least GPU-seconds per
+        sample, a layer counted in part for part of its compute) adds up to `compute_s`."""
+        cumulative, params = self.compute, self.params
+        j = bisect.bisect_right(cumulative, compute_s) - 1
+        if j >= len(cumulative) - 1:
+            return params[-1]
+        share = (compute_s - cumulative[j]) / (cumulative[j + 1] - cumulative[j])
+        return params[j] + share * (params[j + 1] - params[j])
+
+    def compute_above_density(self, density: float) -> float:
+        """The compute of the layers holding more than `density` parameters per GPU-second
+        (the knapsack's first ones)."""
+        return self.compute[bisect.bisect_left(self.densities, -density)]
+
+    def compute_holding(self, held: float) -> float:
+        """The least compute whose layers hold `held` parameters (`params_within`'s
+        inverse)."""
+        cumulative, params = self.compute, self.params
+        j = bisect.bisect_left(params, held)
+        if j >= len(params):
+            return math.inf
+        if j == 0:
+            return 0.0
+        share = (held - params[j - 1]) / (params[j] - params[j - 1])
+        return cumulative[j - 1] + share * (cumulative[j] - cumulative[j - 1])
 
 
 def _ring_classes(problem: _Problem, low: int, crossings: int, most_crossings: int,
@@ -412,11 +434,12 @@ class _Rings:
         if enough <= 0:  # the rings that leave a node never sync longer than `sync_s`
             return pipeline_s + self.sync_s
         per_gpu_s = self.inside_gpus / batch
-        turn = min(problem.compute_above_density(1 / (self.per_param_s * per_gpu_s)),
-                   problem.compute_holding(enough)) / per_gpu_s
+        knapsack = problem.knapsack
+        turn = min(knapsack.compute_above_density(1 / (self.per_param_s * per_gpu_s)),
+                   knapsack.compute_holding(enough)) / per_gpu_s
         t = max(pipeline_s, turn)
         return t + max(self.sync_s, self.per_param_s * (
-            problem.total_params - problem.params_within(per_gpu_s * t)))
+            problem.total_params - knapsack.params_within(per_gpu_s * t)))
 
 
 def _least_traversal_s(scenario: Scenario, profiles: ProfileIndex,

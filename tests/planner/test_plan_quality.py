@@ -303,7 +303,7 @@ def test_the_rings_term_is_its_least_over_every_pipeline_time(
     inside_per_s = rings.inside_gpus / 16
     for step in range(2001):
         t = pipeline_s + step * 0.0005
-        leaving = problem.total_params - problem.params_within(inside_per_s * t)
+        leaving = problem.total_params - problem.knapsack.params_within(inside_per_s * t)
         assert least <= t + max(sync_s, rings.per_param_s * leaving) + 1e-9
 
 
