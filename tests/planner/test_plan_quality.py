@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from planner import SearchOptions, evaluate, parse_plan, parse_scenario, plan
 from planner.documents import Schedule
 from planner.fleet import node_subsets
-from planner.space_bound import _Problem, _Rings, space_bound
+from planner.space_bound import _Knapsack, _Problem, _Rings, space_bound
 from tests.planner.scenarios import tiny
 
 DATA = Path(__file__).resolve().parent.parent / "data"
@@ -305,6 +305,33 @@ def test_the_rings_term_is_its_least_over_every_pipeline_time(
         t = pipeline_s + step * 0.0005
         leaving = problem.total_params - problem.knapsack.params_within(inside_per_s * t)
         assert least <= t + max(sync_s, rings.per_param_s * leaving) + 1e-9
+
+
+@given(layers=st.lists(st.tuples(st.integers(1, 50), st.floats(0.01, 5.0)), min_size=1,
+                       max_size=6),
+       budget=st.floats(0.0, 20.0))
+def test_the_knapsack_holds_the_most_parameters_any_layers_within_a_compute_hold(
+        layers: list[tuple[int, float]], budget: float) -> None:
+    """The rings term trusts `params_within` to be the most parameters that layers of that
+    much compute hold (a layer counted in part for part of its compute): no subset of whole
+    layers within the budget holds more, the fractional optimum is reached, and
+    `compute_holding` is its inverse."""
+    params, least = [p for p, _ in layers], [c for _, c in layers]
+    knapsack = _Knapsack.of(params, least)
+    most = knapsack.params_within(budget)
+    for chosen in itertools.product([0, 1], repeat=len(layers)):
+        if sum(c for c, pick in zip(least, chosen, strict=True) if pick) <= budget:
+            assert sum(p for p, pick in zip(params, chosen, strict=True) if pick) <= most + 1e-9
+    # The fractional optimum: densest layers first, the last one in part.
+    left, fractional = budget, 0.0
+    for p, c in sorted(layers, key=lambda layer: -layer[0] / layer[1]):
+        taken = min(1.0, left / c)
+        fractional, left = fractional + taken * p, left - taken * c
+        if left <= 0:
+            break
+    assert most == pytest.approx(fractional)
+    if most < sum(params):
+        assert knapsack.compute_holding(most) == pytest.approx(min(budget, sum(least)))
 
 
 @pytest.mark.parametrize("launcher", ["megatron", "deepspeed", "torchtitan"])
