@@ -142,7 +142,7 @@ class _Problem:
         for node in scenario.cluster.nodes:
             self.gpus[node.gpu_type] += node.gpus
             largest[node.gpu_type] = max(largest[node.gpu_type], node.gpus)
-        self.num_gpus = sum(self.gpus.values())
+        self.num_gpus = scenario.cluster.num_gpus
         self.num_nodes = len(scenario.cluster.nodes)
         self.largest_node = max(largest.values())
         profiles = profile_index(scenario)
