@@ -406,8 +406,9 @@ def _balanced(ctx: TemplateContext, subset: tuple[ResourceClass, ...], found: _S
     across = [ctx.link(c.key, c.key, same_node=False) for c in subset]
     rings = [ctx.ring(c.key) for c in subset]
     stage_s = 1.0 / (stages / whole).sum(axis=1)
+    moved = _mean_output(ctx) * b  # bytes of one micro-batch between stages
     transfer_s = 0.0 if not ctx.blocking else min(
-        link.latency_s + _mean_output(ctx) * b / link.bytes_per_s for link in inside + across)
+        link.latency_s + moved / link.bytes_per_s for link in inside + across)
     steady = -(-job.global_batch_size // (counts * b)) - 1  # micro-batches after the first
     step_s = stage_s + 4 * transfer_s  # a micro-batch through a balanced stage
     pipeline_s = (steady + stages.sum(axis=1)) * step_s
