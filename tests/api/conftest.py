@@ -103,6 +103,10 @@ def make_client(database_url: str) -> Iterator[MakeClient]:
     clients: list[TestClient] = []
 
     def make(*, solver: Solver | None = None, **settings: Any) -> TestClient:
+        # Searches at the server's default niceness (10) starved behind the other test
+        # worker's processes and met their hard deadline: tests of the deadline itself
+        # use ProcessSolver directly, and the niceness has a test of its own.
+        settings.setdefault("search_niceness", 0)
         app = create_app(Settings(database_url=database_url, **settings), solver=solver)
         client = TestClient(app)
         client.__enter__()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -16,6 +15,18 @@ from api.errors import SearchCrashed, error_body, error_status
 from api.solving import ProcessSolver, deadline_s, untimed_s
 from planner.errors import InvalidScenario, Problem, SolverTimeout
 from tests.api.conftest import DATA, MakeClient
+from tests.api.search_stubs import (
+    OUTLASTS_A_SMALL_FLEET_S,
+    dies,
+    needs_four_gib,
+    niceness_of_search,
+    outlasts_a_small_fleets_deadline,
+    pid_of_search,
+    pid_or_hang,
+    refuses_the_scenario,
+    reports_then_answers,
+    runs_forever,
+)
 
 OPTIONS = planner.SearchOptions(time_limit_s=0.2)
 
@@ -23,40 +34,6 @@ OPTIONS = planner.SearchOptions(time_limit_s=0.2)
 @pytest.fixture(scope="module")
 def scenario() -> planner.Scenario:
     return planner.parse_scenario(json.loads((DATA / "scenario.json").read_text()))
-
-
-def runs_forever(scenario: planner.Scenario, options: planner.SearchOptions,
-        progress: Any = None) -> Any:
-    while True:  # ignores its time limit, as exact mode once did
-        time.sleep(0.01)
-
-
-def refuses_the_scenario(scenario: planner.Scenario, options: planner.SearchOptions,
-        progress: Any = None) -> Any:
-    raise InvalidScenario([Problem(path="job.global_batch_size", message="too small",
-                                   value=3)])
-
-
-def dies(scenario: planner.Scenario, options: planner.SearchOptions,
-        progress: Any = None) -> Any:
-    os._exit(9)
-
-
-def pid_of_search(scenario: planner.Scenario, options: planner.SearchOptions,
-        progress: Any = None) -> Any:
-    return os.getpid()
-
-
-def niceness_of_search(scenario: planner.Scenario, options: planner.SearchOptions,
-        progress: Any = None) -> Any:
-    return os.nice(0)
-
-
-def pid_or_hang(scenario: planner.Scenario, options: planner.SearchOptions,
-        progress: Any = None) -> Any:
-    if options.time_limit_s < 1:
-        runs_forever(scenario, options, progress)
-    return os.getpid()
 
 
 def test_an_idle_search_process_is_reused(scenario: planner.Scenario) -> None:
@@ -87,11 +64,6 @@ def test_a_search_process_that_overran_is_not_reused(scenario: planner.Scenario)
         solver(scenario, OPTIONS, None)
     assert solver(scenario, planner.SearchOptions(time_limit_s=5), None) != first
     solver.close()
-
-
-def needs_four_gib(scenario: planner.Scenario, options: planner.SearchOptions,
-                   progress: Any = None) -> Any:
-    return len(bytearray(4 * 2**30))
 
 
 def test_search_past_its_memory_bound_is_422_naming_the_bound(
@@ -127,24 +99,11 @@ def test_hard_deadline_is_half_the_time_limit_again_plus_two_seconds_plus_the_un
         deadline_s(10.0, scenario) + 3.3 * 3e-4 * 99 * gpus)
 
 
-OUTLASTS_A_SMALL_FLEET_S = 2.6
-"""Past the test scenario's own deadline (2.39 s at a 0.2 s limit), and as far as can be
-from the 2,048-GPU fleet's (4.38 s): starting a search process on a loaded machine takes
-part of that margin."""
-
-
-def outlasts_a_small_fleets_deadline(scenario: planner.Scenario,
-                                     options: planner.SearchOptions,
-                                     progress: Any = None) -> Any:
-    time.sleep(OUTLASTS_A_SMALL_FLEET_S)
-    return os.getpid()
-
-
 def test_search_of_a_large_fleet_is_not_killed_for_steps_its_time_limit_does_not_govern(
         scenario: planner.Scenario) -> None:
     """A 0.2 s time limit once gave every search 2.3 s: a fleet of thousands of GPUs, whose
     templates and baselines alone take seconds, was killed without a plan."""
-    large = scaled(-(-2048 // sum(node.gpus for node in scenario.cluster.nodes)))
+    large = scaled(-(-8192 // sum(node.gpus for node in scenario.cluster.nodes)))
     assert deadline_s(OPTIONS.time_limit_s, scenario) < OUTLASTS_A_SMALL_FLEET_S < deadline_s(
         OPTIONS.time_limit_s, large)
     solver = ProcessSolver(outlasts_a_small_fleets_deadline)  # type: ignore[arg-type]
@@ -158,7 +117,8 @@ def test_search_past_its_hard_deadline_is_killed_and_answered_as_solver_timeout(
     started = time.monotonic()
     with pytest.raises(SolverTimeout, match=f"hard deadline of {limit_s:.1f} s"):
         ProcessSolver(runs_forever)(scenario, OPTIONS, None)
-    assert limit_s <= time.monotonic() - started < limit_s + 1.7
+    # Killed at its deadline, not left to run: the margin is for a loaded CI machine.
+    assert limit_s <= time.monotonic() - started < limit_s + 5
 
 
 def test_cancel_through_the_progress_callback_kills_the_search(
@@ -175,24 +135,17 @@ def test_cancel_through_the_progress_callback_kills_the_search(
     started = time.monotonic()
     with pytest.raises(Cancelled):
         ProcessSolver(runs_forever)(scenario, planner.SearchOptions(time_limit_s=60), progress)
-    assert time.monotonic() - started < 1.5
+    assert time.monotonic() - started < 10  # at the first report, not at the 92 s deadline
     assert len(calls) == 1
-
-
-def reports_then_answers(scenario: planner.Scenario, options: planner.SearchOptions,
-                         progress: Any) -> Any:
-    progress(0.25, "templates")
-    time.sleep(0.3)
-    progress(0.5, "allocating")
-    time.sleep(0.3)
-    return os.getpid()
 
 
 def test_progress_of_the_search_reaches_the_caller_as_it_is_reported(
         scenario: planner.Scenario) -> None:
     """A job shows the search's own fraction and step, not the time waited."""
     calls: list[tuple[float, str]] = []
-    ProcessSolver(reports_then_answers)(scenario, OPTIONS, lambda f, m: calls.append((f, m)))
+    # A time limit whose deadline no loaded machine reaches: this test is about reports.
+    ProcessSolver(reports_then_answers)(scenario, planner.SearchOptions(time_limit_s=30),
+                                        lambda f, m: calls.append((f, m)))
     assert ("allocating" in {m for _, m in calls}) and calls[-1] == (0.5, "allocating")
     seen = [m for _, m in calls]
     assert seen.index("templates") < seen.index("allocating")
