@@ -1,25 +1,34 @@
 """The default search, and its templates and allocation alone, against the proven optimum
 (exact mode, an enumeration independent of both) on small random scenarios.
 
-Usage: python bench/exact_gap.py [--count N] [--seed S] [--family random|tiny]
+Usage: python bench/exact_gap.py [--count N] [--seed S] [--family random|tiny|measured]
        [--time-limit S]
 `random`: 2-3 GPUs of two types on two nodes, 2-4 layers, micro-batch sizes 1 and 2, a
 batch of 2-8 sequences, random speeds, memory and links. `tiny`: the five tiny scenarios
 (6-8 GPUs of two or three types, 6-8 layers) changed at random: the batch halved or
 doubled, each type's speed scaled by 0.7-1.4, at times a GPU taken off a node; a stand-in
-for held-out scenarios of their family. Only scenarios whose optimum exact mode proves
-within its time limit are counted.
+for held-out scenarios of their family. `measured`: one A100-40 node and one V100-16 node
+(1-4 GPUs each) of a two-type measured scenario, with its real profiles and links, a model
+cut to the embedding, the first block, 4-8 more blocks and the head, each type's memory
+above the reserve cut in the same proportion as the layers (so that a layer needs as large
+a share of a GPU as in the whole model), a batch of 16, 32 or 64. Only scenarios whose
+optimum exact mode proves within its time limit are counted.
+
+Beside the search's gap, the optimum against the `per_type` baseline (the best plan of
+homogeneous pipelines per GPU type, equal to a brute force over that space by a property
+test): how much any plan beyond per-type pipelines gains at all, proven.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import random
 import time
 
-from plan_quality import tiny_scenarios
+from plan_quality import SETS, geomean, tiny_scenarios
 
 from planner import Infeasible, PlanStatus, SearchOptions, parse_scenario, plan
 from planner.search.exact import TooLargeForExact
@@ -73,23 +82,48 @@ def perturbed_tiny(rng: random.Random) -> dict:
     return doc
 
 
+def measured_cut(rng: random.Random) -> dict:
+    mixed = [path for path in SETS["measured"]
+             if len({node["gpu_type"] for node in json.loads(path.read_text())["cluster"]["nodes"]}) > 1]
+    doc = json.loads(rng.choice(mixed).read_text())
+    layers = doc["model"]["layers"]
+    blocks = [kind for kind in layers[2:-1] if kind == layers[2]][:rng.randint(4, 8)]
+    kept = [*layers[:2], *blocks, layers[-1]]
+    fraction = len(kept) / len(layers)
+    doc["model"]["layers"] = kept
+    reserved = doc["job"].get("reserved_gib", 0.0)
+    for gpu_type in doc["gpu_types"].values():
+        gpu_type["memory_gib"] = reserved + (gpu_type["memory_gib"] - reserved) * fraction
+    first_of_type = {}
+    for node in doc["cluster"]["nodes"]:
+        first_of_type.setdefault(node["gpu_type"], node)
+    doc["cluster"]["nodes"] = [dict(node, gpus=rng.choice([1, 2, 4]))
+                               for node in first_of_type.values()]
+    doc["job"]["global_batch_size"] = rng.choice([16, 32, 64])
+    return doc
+
+
+DRAWS = {"random": random_scenario, "tiny": perturbed_tiny, "measured": measured_cut}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--count", type=int, default=30)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--family", choices=["random", "tiny"], default="random")
+    parser.add_argument("--family", choices=sorted(DRAWS), default="random")
     parser.add_argument("--time-limit", type=float, default=2.0,
                         help="the default search's time limit, its enumeration's included")
     args = parser.parse_args()
-    draw = random_scenario if args.family == "random" else perturbed_tiny
+    draw = DRAWS[args.family]
     rng = random.Random(args.seed)
     print(f"machine: {platform.machine()}, Python {platform.python_version()}, "
           f"date {time.strftime('%Y-%m-%d')}, {args.count} scenarios, seed {args.seed}, "
           f"family {args.family}\n")
-    ratios, template_ratios = [], []
+    ratios, template_ratios, over_per_type = [], [], []
     infeasible = unproven = 0
     while len(ratios) < args.count:
-        scenario = parse_scenario(draw(rng))
+        drawn = draw(rng)
+        scenario = parse_scenario(drawn)
         try:
             proof = plan(scenario, SearchOptions(exact=True))
         except Infeasible:
@@ -102,22 +136,35 @@ def main() -> None:
             unproven += 1  # the enumeration ran out of time: no optimum to compare with
             continue
         exact = proof.evaluation.samples_per_s
-        found = []
+        found, per_type = [], None
         for small in (True, False):
             try:
-                found.append(plan(scenario, SearchOptions(
-                    time_limit_s=args.time_limit, enumerate_small=small)
-                ).evaluation.samples_per_s or 0.0)
+                result = plan(scenario, SearchOptions(time_limit_s=args.time_limit,
+                                                      enumerate_small=small))
             except Infeasible:
                 found.append(0.0)  # the search missed every valid plan
+                continue
+            found.append(result.evaluation.samples_per_s or 0.0)
+            per_type = per_type or result.baselines.get("per_type")
         assert exact is not None
         ratios.append(found[0] / exact)
         template_ratios.append(found[1] / exact)
+        over_per_type.append(exact / per_type if per_type else math.inf)
+        gpus = {node.gpu_type: 0 for node in scenario.cluster.nodes}
+        for node in scenario.cluster.nodes:
+            gpus[node.gpu_type] += node.gpus
+        print(f"{drawn.get('name', 'drawn')} {gpus}, {len(scenario.model.layers)} layers, batch "
+              f"{scenario.job.global_batch_size}: optimum {exact:.3f}, default {found[0]:.3f}, "
+              f"per_type {per_type or 0:.3f}")
     for name, values in (("default search", ratios),
                          ("templates and allocation only (enumerate_small=False)", template_ratios)):
         within = sum(r >= 0.99 for r in values)
         print(f"{name} / optimum: min {min(values):.4f}, mean {sum(values) / len(values):.4f}; "
               f"within 1% on {within} of {len(values)}")
+    beyond = [r for r in over_per_type if r != math.inf]
+    print(f"optimum / per_type baseline: geometric mean {geomean(beyond):.4f}, max "
+          f"{max(beyond, default=math.nan):.4f} over {len(beyond)}; on "
+          f"{len(over_per_type) - len(beyond)} more only plans beyond per-type pipelines fit")
     print(f"({infeasible} drawn scenarios had no plan; {unproven} were too large for exact "
           "mode or not proven within its time limit)")
     if max(ratios + template_ratios) > 1 + 1e-9:
