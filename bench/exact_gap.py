@@ -7,12 +7,12 @@ Usage: python bench/exact_gap.py [--count N] [--seed S] [--family random|tiny|me
 batch of 2-8 sequences, random speeds, memory and links. `tiny`: the five tiny scenarios
 (6-8 GPUs of two or three types, 6-8 layers) changed at random: the batch halved or
 doubled, each type's speed scaled by 0.7-1.4, at times a GPU taken off a node; a stand-in
-for held-out scenarios of their family. `measured`: one A100-40 node and one V100-16 node
-(1-4 GPUs each) of a two-type measured scenario, with its real profiles and links, a model
-cut to the embedding, the first block, 4-8 more blocks and the head, each type's memory
-above the reserve cut in the same proportion as the layers (so that a layer needs as large
-a share of a GPU as in the whole model), a batch of 16, 32 or 64. Only scenarios whose
-optimum exact mode proves within its time limit are counted.
+for held-out scenarios of their family. `measured`: for each of A100-40 and V100-16, one
+node of 1, 2 or 4 GPUs or two nodes of 2, from a two-type measured scenario with its real
+profiles and links; the model cut to the embedding, the first block, 4-8 more blocks and
+the head, each type's memory above the reserve cut in the same proportion as the layers
+(so that a layer needs as large a share of a GPU as in the whole model), a batch of 16, 32
+or 64. Only scenarios whose optimum exact mode proves within its time limit are counted.
 
 Beside the search's gap, the optimum against the `per_type` baseline (the best plan of
 homogeneous pipelines per GPU type, equal to a brute force over that space by a property
@@ -97,8 +97,11 @@ def measured_cut(rng: random.Random) -> dict:
     first_of_type = {}
     for node in doc["cluster"]["nodes"]:
         first_of_type.setdefault(node["gpu_type"], node)
-    doc["cluster"]["nodes"] = [dict(node, gpus=rng.choice([1, 2, 4]))
-                               for node in first_of_type.values()]
+    nodes = []
+    for node in first_of_type.values():  # one node of 1, 2 or 4 GPUs, or two of 2
+        copies, gpus = rng.choice([(1, 1), (1, 2), (1, 4), (2, 2)])
+        nodes += [dict(node, name=f"{node['name']}-{c}", gpus=gpus) for c in range(copies)]
+    doc["cluster"]["nodes"] = nodes
     doc["job"]["global_batch_size"] = rng.choice([16, 32, 64])
     return doc
 

@@ -21,12 +21,15 @@ exact_gap = importlib.import_module("exact_gap")  # bench/ scripts import as scr
 
 
 @pytest.mark.parametrize("seed", range(8))
-def test_a_measured_cut_is_one_node_per_type_within_exact_modes_limits(seed: int) -> None:
+def test_a_measured_cut_is_a_node_or_two_per_type_within_exact_modes_limits(seed: int) -> None:
     doc = exact_gap.measured_cut(random.Random(seed))
     scenario = parse_scenario(doc)
     whole = json.loads((ROOT / "bench" / "scenarios" / "measured" / f"{doc['name']}.json")
                        .read_text())
-    assert sorted(node.gpu_type for node in scenario.cluster.nodes) == ["A100-40", "V100-16"]
+    types = [node.gpu_type for node in scenario.cluster.nodes]
+    assert sorted(set(types)) == ["A100-40", "V100-16"]
+    assert all(types.count(t) == 1 or {n.gpus for n in scenario.cluster.nodes
+                                       if n.gpu_type == t} == {2} for t in set(types))
     assert scenario.cluster.num_gpus <= MAX_GPUS
     layers = scenario.model.layers
     assert 7 <= len(layers) <= min(MAX_LAYERS, 11)
