@@ -20,11 +20,13 @@ START_TIMEOUT_S = 20
 
 @contextmanager
 def serving(database: Path) -> Iterator[str]:
-    """The URL of a server with default settings (no auth) on SQLite at `database`."""
+    """The URL of a server with default settings (no auth) on SQLite at `database`, its
+    searches at niceness 0 (as in tests/api/conftest.py: at 10 they starved behind the
+    other test worker's processes)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    app = create_app(Settings(database_url=f"sqlite:///{database}"))
+    app = create_app(Settings(database_url=f"sqlite:///{database}", search_niceness=0))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
