@@ -1,7 +1,8 @@
 """The default search, and its templates and allocation alone, against the proven optimum
 (exact mode, an enumeration independent of both) on small random scenarios.
 
-Usage: python bench/exact_gap.py [--count N] [--seed S] [--family random|tiny|measured]
+Usage: python bench/exact_gap.py [--count N] [--seed S]
+       [--family random|tiny|measured|generated]
        [--time-limit S]
 `random`: 2-3 GPUs of two types on two nodes, 2-4 layers, micro-batch sizes 1 and 2, a
 batch of 2-8 sequences, random speeds, memory and links. `tiny`: the five tiny scenarios
@@ -12,7 +13,9 @@ node of 1, 2 or 4 GPUs or two nodes of 2, from a two-type measured scenario with
 profiles and links; the model cut to the embedding, the first block, 4-8 more blocks and
 the head, each type's memory above the reserve cut in the same proportion as the layers
 (so that a layer needs as large a share of a GPU as in the whole model), a batch of 16, 32
-or 64. Only scenarios whose optimum exact mode proves within its time limit are counted.
+or 64. `generated`: the same cuts of the shared generated scenarios (of three or four types,
+one node of 1 or 2 GPUs per type). Only scenarios whose optimum exact mode proves within its
+time limit are counted.
 
 Beside the search's gap, the optimum against the `per_type` baseline (the best plan of
 homogeneous pipelines per GPU type, equal to a brute force over that space by a property
@@ -27,6 +30,7 @@ import math
 import platform
 import random
 import time
+from pathlib import Path
 
 from plan_quality import SETS, geomean, tiny_scenarios
 
@@ -82,31 +86,50 @@ def perturbed_tiny(rng: random.Random) -> dict:
     return doc
 
 
-def measured_cut(rng: random.Random) -> dict:
-    mixed = [path for path in SETS["measured"]
-             if len({node["gpu_type"] for node in json.loads(path.read_text())["cluster"]["nodes"]}) > 1]
-    doc = json.loads(rng.choice(mixed).read_text())
+def _mixed(paths: list[Path]) -> list[Path]:
+    return [path for path in paths
+            if len({node["gpu_type"] for node in json.loads(path.read_text())["cluster"]["nodes"]}) > 1]
+
+
+def cut(path: Path, rng: random.Random) -> dict:
+    """A node or two of each GPU type of the scenario at `path` (of each type in each zone:
+    types sit in zones of their own), its model cut to 4-8 blocks, memory above the
+    reserve cut with the layers, a batch of 16, 32 or 64."""
+    doc = json.loads(path.read_text())
+    doc["name"] = path.stem
     layers = doc["model"]["layers"]
     blocks = [kind for kind in layers[2:-1] if kind == layers[2]][:rng.randint(4, 8)]
     kept = [*layers[:2], *blocks, layers[-1]]
     fraction = len(kept) / len(layers)
     doc["model"]["layers"] = kept
-    reserved = doc["job"].get("reserved_gib", 0.0)
-    for gpu_type in doc["gpu_types"].values():
+    whole = parse_scenario(json.loads(path.read_text()))
+    for name, gpu_type in doc["gpu_types"].items():
+        reserved = whole.reserved_gib(name)
         gpu_type["memory_gib"] = reserved + (gpu_type["memory_gib"] - reserved) * fraction
     first_of_type = {}
     for node in doc["cluster"]["nodes"]:
         first_of_type.setdefault(node["gpu_type"], node)
+    # Two types: one node of 1, 2 or 4 GPUs, or two of 2; more types: within exact mode.
+    shapes = [(1, 1), (1, 2), (1, 4), (2, 2)] if len(first_of_type) == 2 else [(1, 1), (1, 2)]
     nodes = []
-    for node in first_of_type.values():  # one node of 1, 2 or 4 GPUs, or two of 2
-        copies, gpus = rng.choice([(1, 1), (1, 2), (1, 4), (2, 2)])
+    for node in first_of_type.values():
+        copies, gpus = rng.choice(shapes)
         nodes += [dict(node, name=f"{node['name']}-{c}", gpus=gpus) for c in range(copies)]
     doc["cluster"]["nodes"] = nodes
     doc["job"]["global_batch_size"] = rng.choice([16, 32, 64])
     return doc
 
 
-DRAWS = {"random": random_scenario, "tiny": perturbed_tiny, "measured": measured_cut}
+def measured_cut(rng: random.Random) -> dict:
+    return cut(rng.choice(_mixed(SETS["measured"])), rng)
+
+
+def generated_cut(rng: random.Random) -> dict:
+    return cut(rng.choice(_mixed(SETS["generated"])), rng)
+
+
+DRAWS = {"random": random_scenario, "tiny": perturbed_tiny, "measured": measured_cut,
+         "generated": generated_cut}
 
 
 def main() -> None:

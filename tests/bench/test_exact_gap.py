@@ -1,4 +1,4 @@
-"""bench/exact_gap.py's measured family: cuts that keep what makes the measured scenarios
+"""bench/exact_gap.py's measured and generated families: cuts that keep what makes the measured scenarios
 hard (real profiles and links, the share of a GPU each layer needs) at a size exact mode
 proves."""
 
@@ -20,14 +20,17 @@ sys.path.insert(0, str(ROOT / "bench"))
 exact_gap = importlib.import_module("exact_gap")  # bench/ scripts import as scripts
 
 
-@pytest.mark.parametrize("seed", range(8))
-def test_a_measured_cut_is_a_node_or_two_per_type_within_exact_modes_limits(seed: int) -> None:
-    doc = exact_gap.measured_cut(random.Random(seed))
+@pytest.mark.parametrize(("family", "seed"), [(f, s) for f in ("measured", "generated")
+                                               for s in range(8)])
+def test_a_cut_is_a_node_or_two_per_type_within_exact_modes_limits(family: str,
+                                                                   seed: int) -> None:
+    doc = exact_gap.DRAWS[family](random.Random(seed))
     scenario = parse_scenario(doc)
-    whole = json.loads((ROOT / "bench" / "scenarios" / "measured" / f"{doc['name']}.json")
-                       .read_text())
+    whole = next(json.loads(path.read_text()) for path in exact_gap.SETS[family]
+                 if path.stem == doc["name"])
     types = [node.gpu_type for node in scenario.cluster.nodes]
-    assert sorted(set(types)) == ["A100-40", "V100-16"]
+    assert set(types) == {node["gpu_type"] for node in whole["cluster"]["nodes"]}
+    assert len(set(types)) >= 2
     assert all(types.count(t) == 1 or {n.gpus for n in scenario.cluster.nodes
                                        if n.gpu_type == t} == {2} for t in set(types))
     assert scenario.cluster.num_gpus <= MAX_GPUS
@@ -36,8 +39,8 @@ def test_a_measured_cut_is_a_node_or_two_per_type_within_exact_modes_limits(seed
     assert (layers[0], layers[1], layers[-1]) == tuple(
         whole["model"]["layers"][i] for i in (0, 1, -1))
     assert scenario.profiles == parse_scenario(whole).profiles
-    reserved = whole["job"]["reserved_gib"]
     fraction = len(layers) / len(whole["model"]["layers"])
     for name, gpu_type in scenario.gpu_types.items():
+        reserved = scenario.reserved_gib(name)
         full = whole["gpu_types"][name]["memory_gib"]
         assert gpu_type.memory_gib - reserved == pytest.approx((full - reserved) * fraction)
