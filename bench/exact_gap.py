@@ -25,6 +25,7 @@ test): how much any plan beyond per-type pipelines gains at all, proven.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import platform
@@ -86,9 +87,11 @@ def perturbed_tiny(rng: random.Random) -> dict:
     return doc
 
 
-def _mixed(paths: list[Path]) -> list[Path]:
-    return [path for path in paths
-            if len({node["gpu_type"] for node in json.loads(path.read_text())["cluster"]["nodes"]}) > 1]
+@functools.cache
+def _mixed(family: str) -> list[Path]:
+    """The scenarios of a shared set with more than one GPU type (read once per run)."""
+    return [path for path in SETS[family]
+            if len(parse_scenario(json.loads(path.read_text())).cluster.gpus_per_type) > 1]
 
 
 def cut(path: Path, rng: random.Random) -> dict:
@@ -96,13 +99,13 @@ def cut(path: Path, rng: random.Random) -> dict:
     types sit in zones of their own), its model cut to 4-8 blocks, memory above the
     reserve cut with the layers, a batch of 16, 32 or 64."""
     doc = json.loads(path.read_text())
+    whole = parse_scenario(doc)  # a copy: the cut below leaves it whole
     doc["name"] = path.stem
     layers = doc["model"]["layers"]
     blocks = [kind for kind in layers[2:-1] if kind == layers[2]][:rng.randint(4, 8)]
     kept = [*layers[:2], *blocks, layers[-1]]
     fraction = len(kept) / len(layers)
     doc["model"]["layers"] = kept
-    whole = parse_scenario(json.loads(path.read_text()))
     for name, gpu_type in doc["gpu_types"].items():
         reserved = whole.reserved_gib(name)
         gpu_type["memory_gib"] = reserved + (gpu_type["memory_gib"] - reserved) * fraction
@@ -121,11 +124,11 @@ def cut(path: Path, rng: random.Random) -> dict:
 
 
 def measured_cut(rng: random.Random) -> dict:
-    return cut(rng.choice(_mixed(SETS["measured"])), rng)
+    return cut(rng.choice(_mixed("measured")), rng)
 
 
 def generated_cut(rng: random.Random) -> dict:
-    return cut(rng.choice(_mixed(SETS["generated"])), rng)
+    return cut(rng.choice(_mixed("generated")), rng)
 
 
 DRAWS = {"random": random_scenario, "tiny": perturbed_tiny, "measured": measured_cut,
@@ -176,10 +179,8 @@ def main() -> None:
         ratios.append(found[0] / exact)
         template_ratios.append(found[1] / exact)
         over_per_type.append(exact / per_type if per_type else math.inf)
-        gpus = {node.gpu_type: 0 for node in scenario.cluster.nodes}
-        for node in scenario.cluster.nodes:
-            gpus[node.gpu_type] += node.gpus
-        print(f"{drawn.get('name', 'drawn')} {gpus}, {len(scenario.model.layers)} layers, batch "
+        print(f"{drawn.get('name', 'drawn')} {dict(scenario.cluster.gpus_per_type)}, "
+              f"{len(scenario.model.layers)} layers, batch "
               f"{scenario.job.global_batch_size}: optimum {exact:.3f}, default {found[0]:.3f}, "
               f"per_type {per_type or 0:.3f}")
     for name, values in (("default search", ratios),

@@ -3,8 +3,6 @@ a floor under one plan's iteration that needs no simulation."""
 
 from __future__ import annotations
 
-from collections import Counter
-
 from planner.costs import (
     NodeIndex,
     ProfileIndex,
@@ -46,12 +44,9 @@ def seconds_per_sample_per_gpu(
 def compute_bound_s(scenario: Scenario) -> float | None:
     """global_batch / sum_g(N_g / c_g), or None when no GPU type can run the model at all
     (computed once per scenario: the estimator asks for it at every plan it judges)."""
-    gpus = Counter[str]()
-    for node in scenario.cluster.nodes:
-        gpus[node.gpu_type] += node.gpus
     profiles = profile_index(scenario)
     rate = 0.0
-    for gpu_type, count in gpus.items():
+    for gpu_type, count in scenario.cluster.gpus_per_type.items():
         cost = seconds_per_sample_per_gpu(scenario, gpu_type, profiles)
         if cost is not None and cost > 0:
             rate += count / cost

@@ -9,6 +9,7 @@ are kept (extensions such as `x_sailor` travel with the document).
 from __future__ import annotations
 
 import math
+from collections import Counter
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -110,6 +111,14 @@ class Cluster(_Document):
     def num_gpus(self) -> int:
         """GPUs on all nodes, used or not."""
         return sum(node.gpus for node in self.nodes)
+
+    @property
+    def gpus_per_type(self) -> Counter[str]:
+        """GPUs on all nodes by GPU type, in the order the types first appear."""
+        gpus = Counter[str]()
+        for node in self.nodes:
+            gpus[node.gpu_type] += node.gpus
+        return gpus
 
 
 class LayerKind(_Document):

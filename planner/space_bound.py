@@ -137,10 +137,9 @@ class _Problem:
         self.fills_and_drains = set(schedules) <= {Schedule.ONE_F_ONE_B, Schedule.GPIPE}
         self.layers = scenario.model.layers
         self.params = [scenario.model.kinds[k].params for k in self.layers]
-        self.gpus = Counter[str]()
+        self.gpus = scenario.cluster.gpus_per_type
         largest: Counter[str] = Counter()
         for node in scenario.cluster.nodes:
-            self.gpus[node.gpu_type] += node.gpus
             largest[node.gpu_type] = max(largest[node.gpu_type], node.gpus)
         self.num_gpus = scenario.cluster.num_gpus
         self.num_nodes = len(scenario.cluster.nodes)

@@ -1,6 +1,6 @@
-"""bench/exact_gap.py's measured and generated families: cuts that keep what makes the measured scenarios
-hard (real profiles and links, the share of a GPU each layer needs) at a size exact mode
-proves."""
+"""bench/exact_gap.py's measured and generated families: cuts of the shared scenarios that
+keep what makes them hard (real profiles and links, the share of a GPU each layer needs)
+at a size exact mode proves."""
 
 from __future__ import annotations
 

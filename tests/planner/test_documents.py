@@ -22,6 +22,17 @@ def test_valid_tiny_scenario_parses() -> None:
     assert scenario.job.blocking_transfers is True
 
 
+def test_gpus_per_type_counts_every_node_of_each_type_in_order_of_first_appearance() -> None:
+    doc = tiny()
+    doc["gpu_types"]["H"] = dict(doc["gpu_types"]["G"])
+    doc["cluster"]["nodes"].insert(1, {"name": "h0", "gpu_type": "H", "gpus": 2})
+    doc["cluster"]["intra_node"]["H"] = doc["cluster"]["intra_node"]["G"]
+    doc["profiles"] += [dict(row, gpu_type="H") for row in doc["profiles"]]
+    cluster = parse_scenario(doc).cluster
+    assert list(cluster.gpus_per_type.items()) == [("G", 8), ("H", 2)]
+    assert sum(cluster.gpus_per_type.values()) == cluster.num_gpus
+
+
 def test_negative_latency_is_rejected_with_its_path() -> None:
     doc = tiny()
     doc["profiles"][0]["forward_ms"] = -1
